@@ -1,0 +1,13 @@
+"""The sm7x channel builder: bootstrap channel, rattler-build, channel publishing.
+
+Run it through ./build.sh, which installs the pinned tools (requirements.txt) first.
+"""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STATE = REPO / ".sm7x"  # everything the build caches; safe to delete
+
+
+class BuildFailed(Exception):
+    """A build step failed; the message names the problem and how to fix it."""

@@ -1,0 +1,65 @@
+"""Channel directories: atomic publication, indexing and a summary.
+
+A channel is only ever replaced whole: packages are copied into a sibling temporary
+directory, indexed there (monolithic repodata.json in every subdir, noarch included),
+then swapped in by rename. A failed build leaves the previous channel untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+from rattler import index
+
+from . import BuildFailed
+
+SUBDIRS = ("linux-64", "noarch")
+STAMP = ".sm7x-stamp"
+
+
+def packages(directory: Path) -> list[Path]:
+    return sorted(p for sub in SUBDIRS for p in (directory / sub).glob("*.conda"))
+
+
+def read_stamp(channel: Path) -> str | None:
+    stamp = channel / STAMP
+    return stamp.read_text().strip() if stamp.exists() else None
+
+
+def publish(built: Path, channel: Path, stamp: str) -> list[Path]:
+    """Copy the .conda files under `built` into a fresh channel at `channel`."""
+    pkgs = packages(built)
+    if not pkgs:
+        raise BuildFailed(f"no packages were produced under {built}")
+    tmp = channel.with_name(channel.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for sub in SUBDIRS:
+        (tmp / sub).mkdir(parents=True)
+    for pkg in pkgs:
+        shutil.copy2(pkg, tmp / pkg.parent.name / pkg.name)
+    asyncio.run(index.index_fs(tmp, write_zst=False, write_shards=False, force=True))
+    for sub in SUBDIRS:
+        data = json.loads((tmp / sub / "repodata.json").read_text())
+        if "packages.conda" not in data:
+            raise BuildFailed(f"indexing {tmp / sub} wrote no monolithic repodata.json")
+    (tmp / STAMP).write_text(stamp + "\n")
+    old = channel.with_name(channel.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if channel.exists():
+        channel.rename(old)
+    tmp.rename(channel)
+    shutil.rmtree(old, ignore_errors=True)
+    return packages(channel)
+
+
+def records(channel: Path) -> list[dict]:
+    """name, version, build, subdir, size of every package in an indexed channel."""
+    rows = []
+    for sub in SUBDIRS:
+        data = json.loads((channel / sub / "repodata.json").read_text())
+        for fn, rec in data.get("packages.conda", {}).items():
+            rows.append({"file": fn, "subdir": sub, **{k: rec[k] for k in ("name", "version", "build", "size")}})
+    return sorted(rows, key=lambda r: (r["name"], r["version"], r["build"]))

@@ -1,0 +1,72 @@
+"""Running rattler-build through its Python API, with progress and readable errors.
+
+rattler-build reports failures only through the progress callback's log, so every log
+line goes to a file and the tail of it is shown when a build fails.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+
+from . import BuildFailed
+from .ui import console
+
+
+class _Progress:
+    def __init__(self, logfile: Path, status):
+        self.log = open(logfile, "a", encoding="utf-8")
+        self.tail = collections.deque(maxlen=60)
+        self.status = status
+
+    def _line(self, text: str) -> None:
+        self.log.write(text + "\n")
+        self.tail.append(text)
+
+    def on_download_start(self, event): pass
+    def on_download_progress(self, event): pass
+    def on_download_complete(self, event): pass
+
+    def on_build_step(self, event):
+        self._line(f"== {event.step_name}: {event.message}")
+
+    def on_log(self, event):
+        for text in str(event.message).splitlines():
+            self._line(text)
+            if text.startswith(("Starting build", "Artifact:", "Running test", "Compressing")):
+                self.status.update(f"[bold]{text[:110]}")
+
+
+def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],
+          logfile: Path, test: bool = True) -> list:
+    """Build every variant of one recipe into output_dir; return rattler-build's results."""
+    files = [str(f) for f in variant_files]
+    local = recipe.parent / "variants.yaml"
+    if local.exists():
+        files.append(str(local))
+    variants = VariantConfig.from_files(files) if files else VariantConfig()
+    tool = ToolConfiguration(test_strategy="native" if test else "skip", compression_threads=2)
+    start = time.monotonic()
+    with console.status(f"[bold]building {recipe.parent.name}") as status:
+        progress = _Progress(logfile, status)
+        try:
+            results = Stage0Recipe.from_file(recipe).run_build(
+                variant_config=variants,
+                tool_config=tool,
+                output_dir=output_dir,
+                channels=channels,
+                progress_callback=progress,
+                package_format="conda:1",  # several times faster than the default level
+                no_build_id=False,
+            )
+        except Exception as exc:
+            tail = "\n    ".join(list(progress.tail)[-30:])
+            raise BuildFailed(f"rattler-build failed on {recipe}: {exc}\n  last log lines:\n    {tail}\n  full log: {logfile}") from exc
+        finally:
+            progress.log.close()
+    for r in results:
+        console.print(f"  [green]built[/] {r.name} {r.version} {r.build_string}  ({time.monotonic() - start:.0f} s)")
+    return results

@@ -1,0 +1,56 @@
+"""Checks on variant files before anything is built (a typo should not cost a build)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from . import REPO, BuildFailed
+
+VARIANTS = REPO / "variants"
+BOOTSTRAP_PYTHONS = REPO / "recipe" / "bootstrap" / "python" / "variants.yaml"
+KNOWN_KEYS = {"python", "python_min", "c_compiler", "c_compiler_version", "cxx_compiler",
+              "cxx_compiler_version", "target_platform", "zip_keys"}
+
+
+def resolve(names: list[str]) -> list[Path]:
+    """Variant file arguments -> paths; `sm75` means variants/sm75.yaml."""
+    out = []
+    for name in names:
+        path = Path(name)
+        if not path.exists():
+            path = VARIANTS / (name if name.endswith(".yaml") else f"{name}.yaml")
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in VARIANTS.glob("*.yaml")))
+            raise BuildFailed(f"unknown variant file {name!r}; known: {known} (or give a path to a YAML file)")
+        out.append(path.resolve())
+    return out
+
+
+def check(files: list[Path], bootstrap: bool) -> dict:
+    merged: dict = {}
+    for f in files:
+        try:
+            data = yaml.safe_load(f.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise BuildFailed(f"{f}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise BuildFailed(f"{f}: a variant file maps keys to lists of values")
+        unknown = set(data) - KNOWN_KEYS
+        if unknown:
+            raise BuildFailed(f"{f}: unknown variant key(s) {sorted(unknown)}; the recipe uses {sorted(KNOWN_KEYS)}")
+        for key, values in data.items():
+            if key != "zip_keys" and not isinstance(values, list):
+                raise BuildFailed(f"{f}: {key} must be a list, e.g. {key}: [{values!r}]")
+        merged.update(data)
+    if bootstrap:
+        available = {".".join(str(v).split(".")[:2]) for v in yaml.safe_load(BOOTSTRAP_PYTHONS.read_text())["cpython"]}
+        wanted = {str(v) for v in merged.get("python", [])} | {str(v) for v in merged.get("python_min", [])}
+        missing = wanted - available
+        if missing:
+            raise BuildFailed(
+                f"the variants ask for Python {sorted(missing)} but the bootstrap channel has {sorted(available)}; "
+                f"add the interpreter to {BOOTSTRAP_PYTHONS.relative_to(REPO)} or build against a conda-forge mirror (--channel)"
+            )
+    return merged

@@ -1,0 +1,238 @@
+"""Which FlashAttention-2 library a GPU uses: the rules of DESIGN.md as pure logic.
+
+No torch and no native code here, so the rules can be tested on any machine and the
+doctor can explain them on a login node without GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from . import _install_hints
+
+ARCHS = ("sm70", "sm75")
+FORCE_ENV = "SM7X_FA2_FORCE"
+LIBRARY_PATH_ENV = "SM7X_LIBRARY_PATH"
+
+# Turing parts that report 7.5 but have no tensor cores; capability alone cannot tell.
+_NO_TENSOR_CORES = re.compile(
+    r"GTX\s*16"  # GeForce GTX 1630/1650/1660 (TU116/TU117)
+    r"|\bMX\s*[45]\d\d\b"  # GeForce MX450/MX550 (TU117)
+    r"|\bT(?:400|500|550|600|1000|1200|2000)\b",  # NVIDIA/Quadro T-series on TU117
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A CUDA device as the rules see it: index, marketing name, (major, minor)."""
+
+    index: int
+    name: str
+    capability: tuple[int, int]
+
+    def describe(self) -> str:
+        major, minor = self.capability
+        return f"cuda:{self.index} ({self.name}, compute capability {major}.{minor})"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The FA2 library chosen for one device, and why."""
+
+    arch: str  # "sm70" or "sm75"
+    reason: str
+    forced: bool = False
+    # An arch whose library also runs here if the preferred one is not installed
+    # (sm_70 code runs on 7.5: what a conda solve with __cuda_arch = min installs).
+    fallback: str | None = None
+    # Derived from arch; fields rather than properties so dataclasses.asdict shows them.
+    package: str = field(init=False)  # "sm7x-fa2-sm70"
+    library: str = field(init=False)  # "_fa2_sm70.abi3.so"
+    namespace: str = field(init=False)  # torch op namespace "sm7x_fa2_sm70"
+
+    def __post_init__(self):
+        object.__setattr__(self, "package", package_name(self.arch))
+        object.__setattr__(self, "library", library_name(self.arch))
+        object.__setattr__(self, "namespace", f"sm7x_fa2_{self.arch}")
+
+
+class UnsupportedDeviceError(RuntimeError):
+    """The device cannot (or should not) run sm7x FA2; the message says what to do."""
+
+    def __init__(self, message: str, device: Device | None = None):
+        super().__init__(message)
+        self.device = device
+
+
+class MissingLibraryError(ImportError):
+    """The selected FA2 library is not installed; the message says which package to add."""
+
+
+def package_name(arch: str) -> str:
+    return f"sm7x-fa2-{_check_arch(arch)}"
+
+
+def library_name(arch: str) -> str:
+    return f"_fa2_{_check_arch(arch)}.abi3.so"
+
+
+def _check_arch(arch: str) -> str:
+    if arch not in ARCHS:
+        raise ValueError(f"unknown sm7x FA2 arch {arch!r}; valid values: {', '.join(ARCHS)}")
+    return arch
+
+
+def _resolve_force(force: str | None) -> tuple[str | None, str]:
+    """(arch or None, where it came from): the argument wins over the environment."""
+    if force is None:
+        force = os.environ.get(FORCE_ENV, "").strip() or None
+        if force is None:
+            return None, ""
+        source = f"{FORCE_ENV}={force}"
+    else:
+        source = f"force={force!r}"
+    arch = force.strip().lower()
+    if arch not in ARCHS:
+        raise ValueError(
+            f"invalid sm7x FA2 force value ({source}); valid values: {', '.join(ARCHS)}"
+        )
+    return arch, source
+
+
+def select_fa2_library(device: Device, *, force: str | None = None) -> Selection:
+    """Pick the FA2 library for ``device`` or raise UnsupportedDeviceError.
+
+    ``force`` (or $SM7X_FA2_FORCE) names an arch to use regardless of the device; that is
+    how the kernels are tested on sm_90, where the library's PTX is JIT-compiled.
+    """
+    arch, source = _resolve_force(force)
+    desc = device.describe()
+    major, minor = device.capability
+    if arch is not None:
+        # PTX can only be JIT-compiled for the same or a newer GPU.
+        if device.capability < (7, int(arch[-1])):
+            raise UnsupportedDeviceError(
+                f"{desc}: {arch} was forced ({source}), but its code needs compute "
+                f"capability 7.{arch[-1]} or newer and cannot run here; force an arch this "
+                f"device can run, or do not force",
+                device,
+            )
+        how = "native" if device.capability == (7, int(arch[-1])) else "PTX JIT-compiled"
+        return Selection(arch, f"{arch} forced by {source} on {desc} ({how})", forced=True)
+
+    if major == 7 and _NO_TENSOR_CORES.search(device.name):
+        raise UnsupportedDeviceError(
+            f"{desc}: this Turing GPU has no tensor cores (capability {major}.{minor} "
+            f"does not show that), and sm7x FA2 is built on them; use "
+            f"torch.nn.functional.scaled_dot_product_attention instead",
+            device,
+        )
+    if (major, minor) == (7, 0):
+        return Selection("sm70", f"{desc} is Volta: sm70 library (native sm_70 code)")
+    if (major, minor) == (7, 2):
+        return Selection("sm70", f"{desc} is Volta (Xavier): sm70 library (runs on 7.2)")
+    if (major, minor) == (7, 5):
+        return Selection(
+            "sm75", f"{desc} is Turing: sm75 library (native sm_75 code)", fallback="sm70"
+        )
+    if major == 7:
+        return Selection(
+            "sm70",
+            f"{desc} is an unknown 7.x GPU: sm70 library (same major version, so sm_70 "
+            f"code is binary compatible)",
+        )
+    if major >= 8:
+        raise UnsupportedDeviceError(
+            f"{desc} is Ampere or newer: sm7x FA2 targets Volta/Turing and would run its "
+            f"PTX JIT-compiled here (the sm70 kernels about 40x slower than native). Use "
+            f"upstream FlashAttention (package flash-attn) or "
+            f"torch.nn.functional.scaled_dot_product_attention instead; to test sm7x "
+            f"anyway set {FORCE_ENV}=sm75 (or sm70) or pass force='sm75'",
+            device,
+        )
+    raise UnsupportedDeviceError(
+        f"{desc} is older than Volta: sm7x FA2 needs tensor cores (compute capability "
+        f"7.0 or 7.5); use torch.nn.functional.scaled_dot_product_attention instead",
+        device,
+    )
+
+
+def missing_library_error(selection: Selection, device: Device) -> MissingLibraryError:
+    """The error to raise when the selected library is not installed."""
+    return MissingLibraryError(
+        f"{device.describe()} needs {selection.library} from package {selection.package}, "
+        f"which is not installed: {_install_hints.install_hint(selection.package)}"
+    )
+
+
+def dtype_error(dtype_name: str) -> TypeError:
+    """The error for an unsupported dtype (to raise): these GPUs have fp16 tensor cores only."""
+    return TypeError(
+        f"sm7x FA2 supports float16 only, got {dtype_name}: Volta and Turing have no bf16 "
+        f"tensor cores. Cast the inputs with .half() (e.g. q.half(), k.half(), v.half())"
+    )
+
+
+def head_dim_error(head_dim: int, supported: Iterable[int]) -> ValueError:
+    """The error for a head dim without a kernel (to raise), listing those that exist."""
+    dims = sorted(supported)
+    larger = [d for d in dims if d > head_dim]
+    pad = (
+        f"; or zero-pad q, k, v to {larger[0]}, pass softmax_scale={head_dim}**-0.5 "
+        f"and slice the output back to {head_dim}"
+        if larger
+        else ""
+    )
+    return ValueError(
+        f"sm7x FA2 has no kernel for head_dim={head_dim}; supported head dims: "
+        f"{', '.join(map(str, dims))}{pad}"
+    )
+
+
+def library_path(arch: str) -> Path | None:
+    """Where the FA2 library for ``arch`` lies, or None.
+
+    Only the installed package (sm7x/fa2/) or directories the user names in
+    $SM7X_LIBRARY_PATH (searched first): never the working directory, so a stray file
+    in cwd cannot be loaded into the process.
+    """
+    name = library_name(arch)
+    dirs = [Path(d).absolute() for d in os.environ.get(LIBRARY_PATH_ENV, "").split(os.pathsep) if d]
+    # An empty entry would mean cwd in PATH-like variables: skipped above on purpose.
+    dirs.append(Path(__file__).resolve().parent / "fa2")
+    for d in dirs:
+        candidate = d / name
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def required_packages(devices: Iterable[Device], *, force: str | None = None) -> set[str]:
+    """The FA2 packages a node with ``devices`` needs for native kernels on every GPU.
+
+    Devices sm7x refuses need nothing and are skipped.
+    """
+    needed = set()
+    for device in devices:
+        try:
+            needed.add(select_fa2_library(device, force=force).package)
+        except UnsupportedDeviceError:
+            pass
+    return needed
+
+
+def package_for_min_capability(devices: Iterable[Device]) -> str | None:
+    """The FA2 package a conda solve with __cuda_arch = min capability installs.
+
+    That single package runs on every GPU of the node (sm_70 code runs on 7.5 too);
+    None when there is no GPU or the minimum is below 7.0.
+    """
+    caps = [d.capability for d in devices]
+    if not caps or min(caps) < (7, 0):
+        return None
+    return package_name("sm75" if min(caps) >= (7, 5) else "sm70")

@@ -1,0 +1,220 @@
+"""``python -m sm7x doctor``: what is installed and which FA2 library each GPU would use.
+
+Gathering (``collect``, a plain dict) is kept apart from printing so that tests can
+inject fake devices and ``--json`` can hand the same facts to scripts and bug reports.
+torch is imported only here, and any failure to import it is reported, not raised.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable
+
+from . import __version__, _install_hints
+from ._select import (
+    FORCE_ENV,
+    LIBRARY_PATH_ENV,
+    Device,
+    UnsupportedDeviceError,
+    library_path,
+    package_for_min_capability,
+    required_packages,
+    select_fa2_library,
+)
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _torch_info() -> tuple[dict, list[Device] | None]:
+    """torch's version and, if it has CUDA, its devices (None: ask nvidia-smi)."""
+    try:
+        import torch
+    except Exception as exc:  # a broken torch must not break the doctor
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name == "torch"
+        error = None if missing else f"{type(exc).__name__}: {exc}"
+        return {"installed": False, "error": error}, None
+    info = {"installed": True, "version": getattr(torch, "__version__", "?"),
+            "cuda": getattr(torch.version, "cuda", None), "error": None}
+    try:
+        if not torch.cuda.is_available():
+            return info, None
+        cuda = torch.cuda
+        devices = [Device(i, cuda.get_device_name(i), tuple(cuda.get_device_capability(i)))
+                   for i in range(cuda.device_count())]
+    except Exception as exc:
+        info["error"] = f"torch.cuda: {type(exc).__name__}: {exc}"
+        return info, None
+    return info, devices
+
+
+def query_nvidia_smi() -> tuple[list[Device] | None, str | None]:
+    """(devices, error) from nvidia-smi; (None, None) when the binary is absent."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None, None
+    cmd = [exe, "--query-gpu=index,name,compute_cap", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"nvidia-smi: {exc}"
+    if out.returncode != 0:  # e.g. no driver loaded, or a driver too old for compute_cap
+        return None, f"nvidia-smi exited {out.returncode}: {(out.stderr or out.stdout).strip()}"
+    devices = []
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3:
+            continue
+        try:  # the name could contain a comma: index first, capability last
+            major, minor = parts[-1].split(".")
+            devices.append(Device(int(parts[0]), ", ".join(parts[1:-1]), (int(major), int(minor))))
+        except ValueError:
+            return None, f"nvidia-smi: cannot parse {line!r}"
+    return devices, None
+
+
+def _installed_packages(prefix: Path) -> dict:
+    """sm7x packages known to conda (conda-meta) and to pip (dist-info)."""
+    conda = []
+    for meta in sorted((prefix / "conda-meta").glob("sm7x*.json")):
+        try:
+            rec = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if str(rec.get("name", "")).startswith("sm7x"):
+            conda.append({k: rec.get(k) for k in ("name", "version", "build", "channel")})
+    pip = []
+    try:
+        dist = importlib.metadata.distribution("sm7x")
+        pip.append({"name": "sm7x", "version": dist.version,
+                    "installer": (dist.read_text("INSTALLER") or "").strip() or None})
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return {"conda": conda, "pip": pip}
+
+
+def _native_libraries(package_dir: Path) -> list[dict]:
+    return [{"file": str(p.relative_to(package_dir)), "size": p.stat().st_size}
+            for p in sorted(package_dir.rglob("*.so")) if p.is_file()]
+
+
+def _gpu_report(device: Device, warnings: list[str]) -> dict:
+    entry = {"index": device.index, "name": device.name,
+             "capability": "%d.%d" % device.capability}
+    try:
+        sel = select_fa2_library(device)
+    except (UnsupportedDeviceError, ValueError) as exc:
+        entry["fa2"] = {"error": str(exc)}  # shown with the GPU, not repeated as a warning
+        return entry
+    path = library_path(sel.arch)
+    fa2 = {"arch": sel.arch, "package": sel.package, "library": sel.library,
+           "namespace": sel.namespace, "reason": sel.reason, "forced": sel.forced,
+           "installed": path is not None, "path": str(path) if path else None}
+    if path is None:
+        hint = _install_hints.install_hint(sel.package)
+        if sel.fallback and library_path(sel.fallback):
+            # sm_70 code runs on 7.5, so the GPU works, just not with native kernels.
+            fa2["fallback"] = sel.fallback
+            warnings.append(f"cuda:{device.index}: {sel.package} is not installed; the "
+                            f"{sel.fallback} library that is installed also runs here, but "
+                            f"for native kernels {hint}")
+        else:
+            warnings.append(f"cuda:{device.index}: {sel.package} is not installed: {hint}")
+    entry["fa2"] = fa2
+    return entry
+
+
+def collect(devices: Iterable[Device] | None = None, *, prefix: str | Path | None = None,
+            package_dir: str | Path | None = None) -> dict:
+    """All doctor facts as a JSON-able dict; ``devices`` replaces GPU detection."""
+    warnings: list[str] = []
+    torch_info, torch_devices = _torch_info()
+    smi_error = None
+    if devices is not None:
+        devices, source = list(devices), "caller"
+    elif torch_devices is not None:
+        devices, source = torch_devices, "torch"
+    else:
+        devices, smi_error = query_nvidia_smi()
+        source = "nvidia-smi" if devices is not None else None
+        devices = devices or []
+    package_dir = Path(package_dir) if package_dir else PACKAGE_DIR
+    return {
+        "sm7x": {"version": __version__, "location": str(package_dir),
+                 "packaged_by": _install_hints.PACKAGED_BY},
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "torch": torch_info,
+        "environment": {k: os.environ.get(k) for k in (FORCE_ENV, LIBRARY_PATH_ENV,
+                                                       "CUDA_VISIBLE_DEVICES")},
+        "packages": _installed_packages(Path(prefix) if prefix else Path(sys.prefix)),
+        "libraries": _native_libraries(package_dir),
+        "gpu_source": source,
+        "gpu_error": smi_error,
+        "gpus": [_gpu_report(d, warnings) for d in devices],
+        "node": {"required_packages": sorted(required_packages(devices)),
+                 "min_capability_package": package_for_min_capability(devices)},
+        "warnings": warnings,
+    }
+
+
+def render(info: dict) -> str:
+    """The human report for a ``collect`` dict."""
+    t = info["torch"]
+    torch_line = (f"{t['version']} (CUDA {t['cuda'] or 'none'})" if t["installed"]
+                  else "not installed" + (f" ({t['error']})" if t.get("error") else ""))
+    pk = info["packages"]
+    pkgs = [f"{p['name']} {p['version']} ({p['build']})" for p in pk["conda"]]
+    pkgs += [f"{p['name']} {p['version']} (pip, installer {p['installer']})" for p in pk["pip"]]
+    lines = [
+        f"sm7x      {info['sm7x']['version']} at {info['sm7x']['location']}",
+        f"python    {info['python']['version']} ({info['python']['executable']})",
+        f"torch     {torch_line}",
+        f"packages  {', '.join(pkgs) or 'none found'}",
+        "libraries " + (", ".join(f"{l['file']} ({l['size']} bytes)" for l in info["libraries"])
+                        or "none in the sm7x package directory"),
+    ]
+    lines += [f"env       {k}={v}" for k, v in info["environment"].items() if v is not None]
+    if not info["gpus"]:
+        why = f": {info['gpu_error']}" if info["gpu_error"] else " (no CUDA torch, no nvidia-smi)"
+        lines.append(f"GPUs      none found{why}")
+    else:
+        lines.append(f"GPUs      (from {info['gpu_source']})")
+    for g in info["gpus"]:
+        lines.append(f"  cuda:{g['index']} {g['name']}, compute capability {g['capability']}")
+        fa2 = g["fa2"]
+        if "error" in fa2:
+            lines.append(f"    FA2: refused: {fa2['error']}")
+            continue
+        state = (f"installed at {fa2['path']}" if fa2["installed"]
+                 else f"NOT installed (fallback {fa2['fallback']} installed)" if fa2.get("fallback")
+                 else "NOT installed")
+        lines += [f"    FA2: {fa2['library']} from {fa2['package']}: {state}",
+                  f"    why: {fa2['reason']}"]
+    if info["gpus"]:
+        node = info["node"]
+        needs = ", ".join(node["required_packages"]) or "nothing"
+        lines.append(f"node      native FA2 needs: {needs}; a conda solve with "
+                     f"__cuda_arch=min picks: {node['min_capability_package'] or 'nothing'}")
+    lines += [f"warning:  {w}" for w in info["warnings"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m sm7x`` and the ``sm7x`` console script."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="sm7x", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"sm7x {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    doc = sub.add_parser("doctor", help="report installed packages, GPUs and FA2 library choice")
+    doc.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    info = collect()
+    print(json.dumps(info, indent=2) if args.json else render(info))
+    return 0  # a diagnostic: findings are reported, not turned into failures

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Staging build of the pybind11 modules for the host Python ($PYTHON), installed into
+# its site-packages; the sm7x-ext output picks them up with its file globs.
+set -euo pipefail
+cmake -S csrc -B _build_ext -G Ninja \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DSM7X_BUILD_EXT=ON \
+  -DPython_EXECUTABLE="$PYTHON" \
+  -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" \
+  -DCMAKE_INSTALL_PREFIX="$SP_DIR"
+cmake --build _build_ext --parallel "${CPU_COUNT:-2}"
+cmake --install _build_ext

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The pure-Python package: the (patched) sources of python/sm7x, without native files.
+set -euo pipefail
+mkdir -p "$SP_DIR"
+cp -r python/sm7x "$SP_DIR/"
+find "$SP_DIR/sm7x" \( -name '*.so' -o -name '__pycache__' \) -prune -exec rm -rf {} +
