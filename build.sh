@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source builder/venv.sh
-ensure_tools_venv builder/requirements.txt
-exec "$TOOLS_PY" -m builder "$@"
+ensure_venv .sm7x/tools builder/requirements.txt
+exec "$VENV_PY" -m builder "$@"

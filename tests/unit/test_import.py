@@ -31,8 +31,8 @@ print("OK", pkg)
 MODULES = ["sm7x", "sm7x._select", "sm7x._install_hints", "sm7x.doctor", "sm7x.__main__"]
 
 
-def _probe(modules, env=None):
-    proc = subprocess.run([sys.executable, "-c", PROBE, *modules], capture_output=True,
+def _probe(modules, env=None, flags=()):
+    proc = subprocess.run([sys.executable, *flags, "-c", PROBE, *modules], capture_output=True,
                           text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -60,5 +60,7 @@ def test_import_ignores_native_files_in_package(tmp_path):
                  "fa2/_fa2_sm70.abi3.so", "fa2/_fa2_sm75.abi3.so"):
         (pkg / name).write_bytes(b"not an ELF file")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    out = _probe(["sm7x", "sm7x.doctor"], env=env)
+    # -S: an editable install's import hook (a .pth in site-packages) would win over
+    # PYTHONPATH and import the real package instead of this copy.
+    out = _probe(["sm7x", "sm7x.doctor"], env=env, flags=("-S",))
     assert out.strip() == f"OK {os.path.realpath(pkg)}"

@@ -5,14 +5,13 @@ if [[ ! -x "$SRC/bin/python$SHORT" ]]; then
   exit 1
 fi
 mkdir -p "$PREFIX"
-# copy without third-party packages, test suites and bytecode caches
+# copy without third-party packages and test suites
 tar -C "$SRC" \
   --exclude="./lib/python$SHORT/site-packages/*" \
   --exclude="./lib/python$SHORT/test" \
   --exclude="./lib/python$SHORT/idlelib/idle_test" \
   --exclude="./lib/python$SHORT/tkinter/test" \
   --exclude="./lib/python$SHORT/lib2to3/tests" \
-  --exclude='__pycache__' \
   --exclude='./bin/pip*' --exclude='./bin/2to3*' --exclude='./bin/idle*' \
   -cf - . | tar -C "$PREFIX" -xf -
 # ELF RUNPATHs pointed at the pyenv prefix; make them relative

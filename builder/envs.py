@@ -1,0 +1,46 @@
+"""Solve and install environments from file:// channels with py-rattler (pixi's engine).
+
+Channels are always explicit (py-rattler's default is conda-forge) and virtual packages
+are detected (a solve without them assumes none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rattler import VirtualPackage, install, solve
+
+
+@dataclass
+class Env:
+    prefix: Path
+    records: list
+    solve_s: float
+    install_s: float
+
+    @property
+    def names(self) -> set[str]:
+        return {r.name.normalized for r in self.records}
+
+    @property
+    def python(self) -> Path:
+        return self.prefix / "bin" / "python"
+
+
+def create(prefix: Path, specs: list[str], channels: list[Path | str], virtual_packages=None) -> Env:
+    prefix = Path(prefix).resolve()
+    sources = [c.resolve().as_uri() if isinstance(c, Path) else c for c in channels]
+    vpkgs = VirtualPackage.detect() if virtual_packages is None else virtual_packages
+
+    async def run():
+        t0 = time.monotonic()
+        records = await solve(sources, specs, platforms=["linux-64", "noarch"], virtual_packages=vpkgs)
+        t1 = time.monotonic()
+        await install(records, target_prefix=prefix, show_progress=False)
+        return records, t1 - t0, time.monotonic() - t1
+
+    records, solve_s, install_s = asyncio.run(run())
+    return Env(prefix, records, solve_s, install_s)

@@ -1,0 +1,145 @@
+"""Bad input to the build ends it with a message naming the problem, and a failed build
+never leaves a half-written channel behind."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import REPO, BuildFailed, bootstrap, channel, inputs, variants
+
+
+def _recipe(tmp_path, inputs_dir, name, sha=None):
+    src = {"path": str(inputs_dir / name)}
+    if sha is not None:
+        src["sha256"] = sha
+    import yaml
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"package": {"name": "x", "version": "1"}, "source": src}))
+    return path
+
+
+@pytest.fixture
+def inputs_dir(tmp_path, monkeypatch):
+    d = tmp_path / "inputs"
+    monkeypatch.setattr(inputs, "INPUTS", d)
+    return d
+
+
+def test_unpinned_input_is_refused(tmp_path, inputs_dir):
+    with pytest.raises(BuildFailed, match="no sha256"):
+        inputs.collect_pins([_recipe(tmp_path, inputs_dir, "ninja-1.13.0-py3-none-any.whl")])
+
+
+def test_every_bootstrap_download_is_pinned():
+    recipes = [bootstrap.RECIPES / n / "recipe.yaml" for n in bootstrap.BOOTSTRAP_RECIPES]
+    pins = inputs.collect_pins(recipes)
+    assert len(pins) >= 12
+    assert all(len(p.sha256) == 64 for p in pins)
+
+
+def test_wrong_sha256_fails_the_fetch(tmp_path, inputs_dir):
+    name = "ninja-1.13.0-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
+    pins = inputs.collect_pins([_recipe(tmp_path, inputs_dir, name, "0" * 64)])
+    with pytest.raises(BuildFailed, match="could not fetch ninja"):
+        inputs.fetch(pins, log=lambda *_: None)
+    assert not (inputs_dir / name).exists()
+
+
+def test_tampered_cached_input_is_replaced(tmp_path, inputs_dir):
+    name = "ninja-1.13.0-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
+    sha = "fb46acf6b93b8dd0322adc3a4945452a4e774b75b91293bafcc7b7f8e6517dfa"
+    inputs_dir.mkdir()
+    (inputs_dir / name).write_bytes(b"not the wheel")
+    said = []
+    inputs.fetch(inputs.collect_pins([_recipe(tmp_path, inputs_dir, name, sha)]), log=said.append)
+    assert hashlib.sha256((inputs_dir / name).read_bytes()).hexdigest() == sha
+    assert any("not the pinned" in s for s in said)
+
+
+def test_non_wheel_input_is_named(tmp_path, inputs_dir):
+    pins = inputs.collect_pins([_recipe(tmp_path, inputs_dir, "cuda.deb", "1" * 64)])
+    with pytest.raises(BuildFailed, match="not a wheel file name"):
+        inputs.fetch(pins, log=lambda *_: None)
+
+
+def test_unknown_variant_file_lists_the_known_ones():
+    with pytest.raises(BuildFailed, match="unknown variant file 'sm99'.*default"):
+        variants.resolve(["sm99"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("python: ['3.9']\n", r"Python \['3.9'\]"),
+    ("pyhton: ['3.11']\n", "unknown variant key"),
+    ("python: '3.11'\n", "must be a list"),
+    ("python: [3.11\n", "not valid YAML"),
+])
+def test_bad_variant_files(tmp_path, text, message):
+    f = tmp_path / "v.yaml"
+    f.write_text(text)
+    with pytest.raises(BuildFailed, match=message):
+        variants.check([f], bootstrap=True)
+
+
+def test_default_variants_are_valid():
+    merged = variants.check(variants.resolve(["default"]), bootstrap=True)
+    assert merged["python"] == ["3.10", "3.11", "3.12", "3.13"]
+
+
+def test_failed_publish_keeps_the_old_channel(tmp_path):
+    old = tmp_path / "channel"
+    (old / "noarch").mkdir(parents=True)
+    (old / "noarch" / "repodata.json").write_text("{}")
+    empty = tmp_path / "built"
+    empty.mkdir()
+    with pytest.raises(BuildFailed, match="no packages"):
+        channel.publish(empty, old, "stamp")
+    assert (old / "noarch" / "repodata.json").read_text() == "{}"
+    assert not (tmp_path / "channel.partial").exists() or not any((tmp_path / "channel.partial").iterdir())
+
+
+def _tree_copy(dest: Path) -> Path:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        if (REPO / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, dest / rel)
+    return dest
+
+
+def _build(tree: Path, *args):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=tree, capture_output=True,
+                          text=True, timeout=900, env=env)
+
+
+def test_unknown_variant_ends_the_build_with_a_message(tmp_path):
+    tree = _tree_copy(tmp_path / "tree")
+    proc = _build(tree, "--variants", "nonexistent", "--output", str(tmp_path / "out"))
+    assert proc.returncode == 1
+    assert "unknown variant file 'nonexistent'" in " ".join(proc.stdout.split())
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_broken_patch_fails_the_build_and_keeps_the_channel(tmp_path):
+    if channel.read_stamp(bootstrap.CHANNEL) is None:
+        pytest.skip("bootstrap channel not built (run ./build.sh)")
+    tree = _tree_copy(tmp_path / "tree")
+    patch = next((tree / "patches").glob("0001-*.patch"))
+    patch.write_text(patch.read_text().replace("-PACKAGED_BY = None", "-PACKAGED_BY = 42"))
+    out = tmp_path / "out"
+    (out / "noarch").mkdir(parents=True)
+    (out / "noarch" / "repodata.json").write_text("{}")
+    proc = _build(tree, "--channel", bootstrap.CHANNEL.as_uri(), "--output", str(out), "--no-test")
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 1, text
+    assert "build failed" in text and "patch" in text.lower()
+    assert (out / "noarch" / "repodata.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tree"]

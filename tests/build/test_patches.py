@@ -1,0 +1,64 @@
+"""patches/: every distribution patch is listed in the recipe with a comment, says why
+in its header, and applies (in order) to the current tree."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from builder import REPO
+
+PATCHES = sorted((REPO / "patches").glob("*.patch"))
+RECIPE = REPO / "recipe" / "recipe.yaml"
+
+
+def test_there_is_a_patch_series():
+    assert PATCHES, "patches/ holds no patch"
+    for p in PATCHES:
+        assert re.fullmatch(r"\d{4}-[a-z0-9-]+\.patch", p.name), f"{p.name}: name it NNNN-what.patch"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_patch_header_says_why(patch):
+    text = patch.read_text()
+    assert text.startswith("From "), "use git format-patch form"
+    header, _, _ = text.partition("\n---\n")
+    subject = re.search(r"^Subject: (.+)$", header, re.M)
+    assert subject, "no Subject line"
+    body = header[subject.end():].strip()
+    assert len(body.split()) >= 10, "the header must say why the patch exists"
+
+
+def test_recipe_lists_every_patch_with_a_comment():
+    listed = yaml.safe_load(RECIPE.read_text())["source"]["patches"]
+    assert [(RECIPE.parent / p).resolve() for p in listed] == PATCHES
+    lines = RECIPE.read_text().splitlines()
+    for p in listed:
+        i = next(n for n, line in enumerate(lines) if line.strip() == f"- {p}")
+        assert lines[i - 1].strip().startswith("#"), f"{p}: add a comment saying why above it"
+
+
+def test_series_applies_to_current_tree(tmp_path):
+    tree = tmp_path / "tree"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        src = REPO / rel
+        if src.is_file():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, tree / rel)
+    for p in PATCHES:
+        proc = subprocess.run(["git", "apply", "--check", "-v", str(p)], cwd=tree, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{p.name} no longer applies:\n{proc.stderr}"
+        subprocess.run(["git", "apply", str(p)], cwd=tree, check=True)
+
+
+def test_a_broken_patch_is_detected(tmp_path):
+    """The check above can fail: a patch against text that is not there is refused."""
+    bad = tmp_path / "bad.patch"
+    bad.write_text(PATCHES[0].read_text().replace("-PACKAGED_BY = None", "-PACKAGED_BY = 42"))
+    proc = subprocess.run(["git", "apply", "--check", str(bad)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode != 0
