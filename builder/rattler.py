@@ -40,6 +40,21 @@ class _Progress:
                 self.status.update(f"[bold]{text[:110]}")
 
 
+def build_order(rendered: list) -> list:
+    """One build per distinct output, noarch outputs last.
+
+    rendered: a variant per (output, variant combination), so a noarch output comes back
+    once per Python although all renderings are the same package (same hash). A noarch
+    package's tests install it next to the per-Python packages it depends on, for the
+    lowest and highest Python, so those must all exist before it is built.
+    """
+    unique = {}
+    for v in rendered:
+        key = (v.recipe.package.name, str(v.hash_info.hash) if v.hash_info else repr(v.variant))
+        unique.setdefault(key, v)
+    return sorted(unique.values(), key=lambda v: v.recipe.build.noarch is not None)
+
+
 def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],
           logfile: Path, test: bool = True) -> list:
     """Build every variant of one recipe into output_dir; return rattler-build's results."""
@@ -52,21 +67,23 @@ def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files:
     start = time.monotonic()
     with console.status(f"[bold]building {recipe.parent.name}") as status:
         progress = _Progress(logfile, status)
+        results = []
         try:
-            results = Stage0Recipe.from_file(recipe).run_build(
-                variant_config=variants,
-                tool_config=tool,
-                output_dir=output_dir,
-                channels=channels,
-                progress_callback=progress,
-                package_format="conda:1",  # several times faster than the default level
-                no_build_id=False,
-            )
+            for v in build_order(Stage0Recipe.from_file(recipe).render(variants)):
+                t0 = time.monotonic()
+                r = v.run_build(
+                    tool_config=tool,
+                    output_dir=output_dir,
+                    channels=channels,
+                    progress_callback=progress,
+                    package_format="conda:1",  # several times faster than the default level
+                )
+                console.print(f"  [green]built[/] {r.name} {r.version} {r.build_string}  ({time.monotonic() - t0:.0f} s)")
+                results.append(r)
         except Exception as exc:
             tail = "\n    ".join(list(progress.tail)[-30:])
             raise BuildFailed(f"rattler-build failed on {recipe}: {exc}\n  last log lines:\n    {tail}\n  full log: {logfile}") from exc
         finally:
             progress.log.close()
-    for r in results:
-        console.print(f"  [green]built[/] {r.name} {r.version} {r.build_string}  ({time.monotonic() - start:.0f} s)")
+    console.print(f"  {recipe.parent.name}: {len(results)} package(s) in {time.monotonic() - start:.0f} s")
     return results
