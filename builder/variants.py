@@ -11,12 +11,19 @@ from . import REPO, BuildFailed
 VARIANTS = REPO / "variants"
 BOOTSTRAP_PYTHONS = REPO / "recipe" / "bootstrap" / "python" / "variants.yaml"
 KNOWN_KEYS = {"python", "python_min", "c_compiler", "c_compiler_version", "cxx_compiler",
-              "cxx_compiler_version", "target_platform", "zip_keys"}
+              "cxx_compiler_version", "cuda_compiler", "cuda_compiler_version", "sm7x_cuda_archs",
+              "target_platform", "zip_keys"}
+DEFAULT = VARIANTS / "default.yaml"
+# the last CUDA major that can still compile for each arch
+CUDA_MAX_MAJOR = {"70": 12, "72": 12}
 
 
 def resolve(names: list[str]) -> list[Path]:
-    """Variant file arguments -> paths; `sm75` means variants/sm75.yaml."""
-    out = []
+    """Variant file arguments -> paths; `sm75` means variants/sm75.yaml.
+
+    default.yaml always comes first; the files named after it override its keys.
+    """
+    out = [DEFAULT]
     for name in names:
         path = Path(name)
         if not path.exists():
@@ -24,7 +31,8 @@ def resolve(names: list[str]) -> list[Path]:
         if not path.exists():
             known = ", ".join(sorted(p.stem for p in VARIANTS.glob("*.yaml")))
             raise BuildFailed(f"unknown variant file {name!r}; known: {known} (or give a path to a YAML file)")
-        out.append(path.resolve())
+        if path.resolve() != DEFAULT:
+            out.append(path.resolve())
     return out
 
 
@@ -44,6 +52,7 @@ def check(files: list[Path], bootstrap: bool) -> dict:
             if key != "zip_keys" and not isinstance(values, list):
                 raise BuildFailed(f"{f}: {key} must be a list, e.g. {key}: [{values!r}]")
         merged.update(data)
+    _check_cuda(merged)
     if bootstrap:
         available = {".".join(str(v).split(".")[:2]) for v in yaml.safe_load(BOOTSTRAP_PYTHONS.read_text())["cpython"]}
         wanted = {str(v) for v in merged.get("python", [])} | {str(v) for v in merged.get("python_min", [])}
@@ -54,3 +63,22 @@ def check(files: list[Path], bootstrap: bool) -> dict:
                 f"add the interpreter to {BOOTSTRAP_PYTHONS.relative_to(REPO)} or build against a conda-forge mirror (--channel)"
             )
     return merged
+
+
+def _check_cuda(merged: dict) -> None:
+    versions = [str(v) for v in merged.get("cuda_compiler_version", [])]
+    archs = [str(a) for a in merged.get("sm7x_cuda_archs", [])]
+    if len(versions) != len(archs):
+        raise BuildFailed(
+            f"cuda_compiler_version {versions} and sm7x_cuda_archs {archs} are zipped: give them the same length"
+        )
+    for version, arch_list in zip(versions, archs):
+        for arch in filter(None, arch_list.split(";")):
+            if not arch.isdigit():
+                raise BuildFailed(f"sm7x_cuda_archs entry {arch_list!r}: archs are numbers like 70;75")
+            limit = CUDA_MAX_MAJOR.get(arch)
+            if limit is not None and int(version.split(".")[0]) > limit:
+                raise BuildFailed(
+                    f"sm_{arch} cannot be compiled by CUDA {version} (CUDA {limit + 1} dropped it); "
+                    f"pair sm7x_cuda_archs {arch_list!r} with cuda_compiler_version <= {limit}.x"
+                )
