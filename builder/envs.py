@@ -44,3 +44,27 @@ def create(prefix: Path, specs: list[str], channels: list[Path | str], virtual_p
 
     records, solve_s, install_s = asyncio.run(run())
     return Env(prefix, records, solve_s, install_s)
+
+
+def main(argv=None) -> int:
+    """python -m builder.envs PREFIX SPEC... [--channel DIR]...: create an environment."""
+    import argparse
+    import shutil
+
+    from . import REPO, bootstrap
+
+    ap = argparse.ArgumentParser(prog="python -m builder.envs", description=main.__doc__)
+    ap.add_argument("prefix", type=Path)
+    ap.add_argument("specs", nargs="+")
+    ap.add_argument("--channel", action="append", type=Path,
+                    help="channel directory (default: ./channel and the bootstrap channel)")
+    args = ap.parse_args(argv)
+    if args.prefix.exists():
+        shutil.rmtree(args.prefix)
+    env = create(args.prefix, args.specs, args.channel or [REPO / "channel", bootstrap.CHANNEL])
+    print(f"{len(env.records)} packages; solve {env.solve_s:.2f} s, install {env.install_s:.2f} s -> {env.prefix}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
