@@ -1,0 +1,526 @@
+// The op layer of sm7x core: schemas, validation, device/stream handling and dispatch
+// to the CPU or CUDA kernels. Written against torch's stable ABI only (compiled with
+// TORCH_TARGET_VERSION 2.10, so one build loads in every torch >= 2.10) and linked
+// against no torch library: the aoti_torch_* / torch_* C shims it calls are resolved
+// from the torch already loaded in the process.
+//
+// Every failed check throws std::runtime_error, which torch turns into a Python
+// RuntimeError carrying the message: each message names the op and the argument, says
+// what was found and how to fix it.
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_stream.h"
+#include "kernels.h"
+
+namespace sm7x {
+namespace core {
+namespace {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+// ---------------------------------------------------------------------------------------
+// Messages.
+
+template <typename... Args>
+[[noreturn]] void fail(const char* op, const Args&... args) {
+  std::ostringstream oss;
+  oss << "sm7x." << op << ": ";
+  ((oss << args), ...);
+  throw std::runtime_error(oss.str());
+}
+
+#define SM7X_CHECK(cond, op, ...) \
+  do {                            \
+    if (!(cond)) fail(op, __VA_ARGS__); \
+  } while (0)
+
+// size/stride with Python-style negative dims (the stable Tensor takes dims >= 0).
+int64_t size_at(const Tensor& t, int64_t d) { return t.size(d < 0 ? d + t.dim() : d); }
+int64_t stride_at(const Tensor& t, int64_t d) { return t.stride(d < 0 ? d + t.dim() : d); }
+
+std::string shape_str(const Tensor& t) {
+  std::ostringstream oss;
+  oss << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) oss << (i ? ", " : "") << t.size(i);
+  oss << "]";
+  return oss.str();
+}
+
+std::string strides_str(const Tensor& t) {
+  std::ostringstream oss;
+  oss << "(";
+  for (int64_t i = 0; i < t.dim(); ++i) oss << (i ? ", " : "") << t.stride(i);
+  oss << ")";
+  return oss.str();
+}
+
+const char* scalar_name(ScalarType s) {
+  switch (s) {
+    case ScalarType::Float: return "float32";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Double: return "float64";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Short: return "int16";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Bool: return "bool";
+    default: return "an unsupported dtype";
+  }
+}
+
+std::string device_str(const Tensor& t) {
+  std::ostringstream oss;
+  if (t.is_cuda())
+    oss << "cuda:" << t.get_device_index();
+  else if (t.is_cpu())
+    oss << "cpu";
+  else
+    oss << "a device that is neither CPU nor CUDA";
+  return oss.str();
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks.
+
+DType float_dtype(const char* op, const char* name, const Tensor& t) {
+  const ScalarType s = t.scalar_type();
+  switch (s) {
+    case ScalarType::Float: return DType::F32;
+    case ScalarType::Half: return DType::F16;
+    case ScalarType::BFloat16: return DType::BF16;
+    default:
+      fail(op, name, " has dtype ", scalar_name(s),
+           "; supported: float16, bfloat16, float32 (cast with .half(), .bfloat16() or .float())");
+  }
+}
+
+IType index_dtype(const char* op, const char* name, const Tensor& t) {
+  const ScalarType s = t.scalar_type();
+  if (s == ScalarType::Long) return IType::I64;
+  if (s == ScalarType::Int) return IType::I32;
+  fail(op, name, " has dtype ", scalar_name(s), "; it must be int64 or int32 (cast with .long())");
+}
+
+void check_same_dtype(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref) {
+  SM7X_CHECK(t.scalar_type() == ref.scalar_type(), op, name, " has dtype ",
+             scalar_name(t.scalar_type()), " but ", ref_name, " has dtype ",
+             scalar_name(ref.scalar_type()), "; they must match (cast ", name, " with .to(",
+             ref_name, ".dtype))");
+}
+
+// CPU or CUDA, and the same device as the reference tensor.
+void check_device(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                  const Tensor& ref) {
+  SM7X_CHECK(t.is_cpu() || t.is_cuda(), op, name, " is on ", device_str(t),
+             "; sm7x ops run on CPU and CUDA tensors");
+  const bool same = t.is_cuda() == ref.is_cuda() &&
+                    (!t.is_cuda() || t.get_device_index() == ref.get_device_index());
+  SM7X_CHECK(same, op, name, " is on ", device_str(t), " but ", ref_name, " is on ",
+             device_str(ref), "; move all tensors to one device (e.g. ", name, ".to(",
+             ref_name, ".device))");
+}
+
+void check_dim(const char* op, const char* name, const Tensor& t, int64_t dim,
+               const char* layout) {
+  SM7X_CHECK(t.dim() == dim, op, name, " must be ", dim, "-D ", layout, ", got shape ",
+             shape_str(t));
+}
+
+void check_size(const char* op, const char* name, const Tensor& t, int64_t d, int64_t want,
+                const char* what) {
+  SM7X_CHECK(t.size(d) == want, op, name, ".shape[", d, "] is ", t.size(d), " but must be ",
+             want, " (", what, "); ", name, " has shape ", shape_str(t));
+}
+
+void check_contiguous(const char* op, const char* name, const Tensor& t) {
+  SM7X_CHECK(t.is_contiguous(), op, name, " (shape ", shape_str(t), ", strides ",
+             strides_str(t), ") must be contiguous; call ", name, ".contiguous() first");
+}
+
+// A tensor seen as rows of `inner` contiguous elements: the last dim (or, with
+// inner_dims == 2, the last two) form a row; the leading dims must collapse into one
+// row index with a single stride. That covers contiguous tensors and row slices such
+// as x[:, :n] or one part of a fused qkv projection.
+struct Rows {
+  int64_t rows = 0;
+  int64_t stride = 0;
+};
+
+Rows as_rows(const char* op, const char* name, const Tensor& t, int64_t inner_dims,
+             bool writable) {
+  const int64_t nd = t.dim();
+  const int64_t last = nd - 1;
+  SM7X_CHECK(t.size(last) <= 1 || t.stride(last) == 1, op, name, " (shape ", shape_str(t),
+             ", strides ", strides_str(t), ") must have a contiguous last dimension "
+             "(stride 1); call ", name, ".contiguous() first");
+  int64_t row_elems = 1;
+  for (int64_t d = nd - inner_dims; d < nd; ++d) row_elems *= t.size(d);
+  Rows r;
+  r.rows = 1;
+  bool have = false;
+  int64_t expect = 0;
+  for (int64_t d = nd - inner_dims - 1; d >= 0; --d) {
+    const int64_t n = t.size(d);
+    r.rows *= n;
+    if (n == 1) continue;
+    if (!have) {
+      r.stride = t.stride(d);
+      expect = r.stride * n;
+      have = true;
+    } else {
+      SM7X_CHECK(t.stride(d) == expect, op, name, " (shape ", shape_str(t), ", strides ",
+                 strides_str(t), ") has leading dimensions that do not collapse into rows "
+                 "of one stride; call ", name, ".contiguous() first");
+      expect *= n;
+    }
+  }
+  if (!have) r.stride = row_elems;  // at most one row: any stride will do
+  if (writable && r.rows > 1 && row_elems > 0)
+    SM7X_CHECK(r.stride >= row_elems, op, name, " (shape ", shape_str(t), ", strides ",
+               strides_str(t), ") is written to, so its rows must not overlap; pass a "
+               "tensor with its own storage (e.g. ", name, ".contiguous())");
+  return r;
+}
+
+void check_int32(const char* op, const char* what, int64_t v) {
+  SM7X_CHECK(v <= std::numeric_limits<int32_t>::max(), op, what, " is ", v,
+             ", larger than the kernels support (2^31 - 1)");
+}
+
+void check_eps(const char* op, double eps) {
+  SM7X_CHECK(std::isfinite(eps) && eps >= 0, op, "eps must be a finite number >= 0, got ",
+             eps);
+}
+
+// ---------------------------------------------------------------------------------------
+// Running on a device.
+
+void run_parallel(int64_t n, int64_t grain, ParallelFn fn, void* ctx) {
+  torch::stable::parallel_for(0, n, grain, [fn, ctx](int64_t b, int64_t e) { fn(b, e, ctx); });
+}
+
+#ifdef SM7X_WITH_CUDA
+// Sets the tensor's device for the launch and finds torch's current stream on it.
+struct CudaLaunch {
+  torch::stable::accelerator::DeviceGuard guard;
+  cudaStream_t stream = nullptr;
+
+  CudaLaunch(const char* op, const Tensor& t) : guard(t.get_device_index()) {
+    void* s = nullptr;
+    SM7X_CHECK(current_cuda_stream(t.get_device_index(), &s), op,
+               "cannot get torch's current CUDA stream (aoti_torch_get_current_cuda_stream "
+               "was not found in the loaded libtorch_cuda.so or failed); sm7x needs a CUDA "
+               "build of torch >= 2.10");
+    stream = static_cast<cudaStream_t>(s);
+  }
+
+  void check(const char* op, int err) const {
+    SM7X_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
+  }
+};
+#define SM7X_CUDA_RUN(op, ref, call) \
+  do {                               \
+    CudaLaunch launch_(op, ref);     \
+    launch_.check(op, call(launch_.stream)); \
+  } while (0)
+#else
+#define SM7X_CUDA_RUN(op, ref, call)                                                      \
+  fail(op, "this build of sm7x's _core library has no CUDA kernels (it was compiled "   \
+           "without a CUDA compiler); install an sm7x-core package built with CUDA, or " \
+           "rebuild with nvcc on the PATH")
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Ops.
+
+void rms_norm(Tensor out, Tensor x, Tensor weight, double eps) {
+  const char* op = "rms_norm";
+  const DType dt = float_dtype(op, "x", x);
+  SM7X_CHECK(x.dim() >= 1, op, "x must have at least 1 dimension (..., hidden_size)");
+  const int64_t hidden = size_at(x, -1);
+  SM7X_CHECK(hidden > 0, op, "x has hidden size 0 (shape ", shape_str(x),
+             "); the last dimension must not be empty");
+  check_int32(op, "hidden size", hidden);
+  check_eps(op, eps);
+  check_device(op, "out", out, "x", x);
+  check_device(op, "weight", weight, "x", x);
+  check_same_dtype(op, "out", out, "x", x);
+  check_same_dtype(op, "weight", weight, "x", x);
+  check_dim(op, "weight", weight, 1, "[hidden_size]");
+  check_size(op, "weight", weight, 0, hidden, "x.shape[-1]");
+  check_contiguous(op, "weight", weight);
+  SM7X_CHECK(out.dim() == x.dim() && out.numel() == x.numel(), op, "out has shape ",
+             shape_str(out), " but x has shape ", shape_str(x), "; they must match");
+  for (int64_t d = 0; d < x.dim(); ++d)
+    SM7X_CHECK(out.size(d) == x.size(d), op, "out has shape ", shape_str(out),
+               " but x has shape ", shape_str(x), "; they must match");
+  const Rows xr = as_rows(op, "x", x, 1, false);
+  const Rows orow = as_rows(op, "out", out, 1, true);
+  if (xr.rows == 0) return;
+  RmsNormArgs a{out.mutable_data_ptr(), x.const_data_ptr(), weight.const_data_ptr(),
+                xr.rows, hidden, orow.stride, xr.stride, static_cast<float>(eps)};
+  if (x.is_cuda())
+    SM7X_CUDA_RUN(op, x, [&](cudaStream_t s) { return rms_norm_cuda(dt, a, s); });
+  else
+    rms_norm_cpu(dt, a, run_parallel);
+}
+
+void fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, double eps) {
+  const char* op = "fused_add_rms_norm";
+  const DType dt = float_dtype(op, "x", x);
+  SM7X_CHECK(x.dim() >= 1, op, "x must have at least 1 dimension (..., hidden_size)");
+  const int64_t hidden = size_at(x, -1);
+  SM7X_CHECK(hidden > 0, op, "x has hidden size 0 (shape ", shape_str(x),
+             "); the last dimension must not be empty");
+  check_int32(op, "hidden size", hidden);
+  check_eps(op, eps);
+  check_device(op, "residual", residual, "x", x);
+  check_device(op, "weight", weight, "x", x);
+  check_same_dtype(op, "residual", residual, "x", x);
+  check_same_dtype(op, "weight", weight, "x", x);
+  check_dim(op, "weight", weight, 1, "[hidden_size]");
+  check_size(op, "weight", weight, 0, hidden, "x.shape[-1]");
+  check_contiguous(op, "weight", weight);
+  bool same = residual.dim() == x.dim();
+  for (int64_t d = 0; same && d < x.dim(); ++d) same = residual.size(d) == x.size(d);
+  SM7X_CHECK(same, op, "residual has shape ", shape_str(residual), " but x has shape ",
+             shape_str(x), "; they must match");
+  const Rows xr = as_rows(op, "x", x, 1, true);
+  const Rows rr = as_rows(op, "residual", residual, 1, true);
+  if (xr.rows == 0) return;
+  SM7X_CHECK(x.const_data_ptr() != residual.const_data_ptr(), op,
+             "x and residual are the same memory; both are written, pass separate tensors");
+  FusedAddRmsNormArgs a{x.mutable_data_ptr(), residual.mutable_data_ptr(),
+                        weight.const_data_ptr(), xr.rows, hidden, xr.stride, rr.stride,
+                        static_cast<float>(eps)};
+  if (x.is_cuda())
+    SM7X_CUDA_RUN(op, x, [&](cudaStream_t s) { return fused_add_rms_norm_cuda(dt, a, s); });
+  else
+    fused_add_rms_norm_cpu(dt, a, run_parallel);
+}
+
+void silu_and_mul(Tensor out, Tensor x) {
+  const char* op = "silu_and_mul";
+  const DType dt = float_dtype(op, "x", x);
+  SM7X_CHECK(x.dim() >= 1, op, "x must have at least 1 dimension (..., 2 * d)");
+  const int64_t two_d = size_at(x, -1);
+  SM7X_CHECK(two_d % 2 == 0, op, "x.shape[-1] is ", two_d,
+             " but must be even: x is [gate | up] along the last dimension");
+  const int64_t d = two_d / 2;
+  check_int32(op, "d", d);
+  check_device(op, "out", out, "x", x);
+  check_same_dtype(op, "out", out, "x", x);
+  bool same = out.dim() == x.dim() && size_at(out, -1) == d;
+  for (int64_t i = 0; same && i + 1 < x.dim(); ++i) same = out.size(i) == x.size(i);
+  SM7X_CHECK(same, op, "out has shape ", shape_str(out), " but must be x.shape[:-1] + [",
+             d, "] for x of shape ", shape_str(x));
+  const Rows xr = as_rows(op, "x", x, 1, false);
+  const Rows orow = as_rows(op, "out", out, 1, true);
+  if (xr.rows == 0 || d == 0) return;
+  SiluAndMulArgs a{out.mutable_data_ptr(), x.const_data_ptr(), xr.rows, d, orow.stride,
+                   xr.stride};
+  if (x.is_cuda())
+    SM7X_CUDA_RUN(op, x, [&](cudaStream_t s) { return silu_and_mul_cuda(dt, a, s); });
+  else
+    silu_and_mul_cpu(dt, a, run_parallel);
+}
+
+// query or key of rotary_embedding: positions.shape + [heads * head_size] or
+// positions.shape + [heads, head_size]. Returns heads and the token/head strides.
+struct Heads {
+  int64_t heads = 0, token_stride = 0, head_stride = 0;
+};
+
+Heads rotary_heads(const char* op, const char* name, const Tensor& t, const Tensor& positions,
+                   int64_t head_size) {
+  const int64_t pd = positions.dim();
+  SM7X_CHECK(t.dim() == pd + 1 || t.dim() == pd + 2, op, name, " has shape ", shape_str(t),
+             "; with positions of shape ", shape_str(positions), " it must be ",
+             "positions.shape + [num_heads * head_size] or positions.shape + [num_heads, "
+             "head_size]");
+  for (int64_t d = 0; d < pd; ++d)
+    SM7X_CHECK(t.size(d) == positions.size(d), op, name, ".shape[", d, "] is ", t.size(d),
+               " but positions.shape[", d, "] is ", positions.size(d),
+               " (one position per token); ", name, " has shape ", shape_str(t));
+  Heads h;
+  if (t.dim() == pd + 1) {
+    const int64_t n = size_at(t, -1);
+    SM7X_CHECK(n % head_size == 0, op, name, ".shape[-1] is ", n,
+               ", not a multiple of head_size ", head_size);
+    h.heads = n / head_size;
+    h.head_stride = head_size;
+    h.token_stride = as_rows(op, name, t, 1, true).stride;
+  } else {
+    SM7X_CHECK(size_at(t, -1) == head_size, op, name, ".shape[-1] is ", size_at(t, -1),
+               " but head_size is ", head_size);
+    h.heads = size_at(t, -2);
+    h.head_stride = size_at(t, -2) > 1 ? stride_at(t, -2) : head_size;
+    const Rows r = as_rows(op, name, t, 2, false);
+    h.token_stride = r.stride;
+    SM7X_CHECK(h.heads <= 1 || h.head_stride >= head_size, op, name, " (shape ",
+               shape_str(t), ", strides ", strides_str(t), ") has overlapping heads; call ",
+               name, ".contiguous() first");
+  }
+  return h;
+}
+
+void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key,
+                      int64_t head_size, Tensor cos_sin_cache, bool is_neox) {
+  const char* op = "rotary_embedding";
+  const DType dt = float_dtype(op, "query", query);
+  const IType pt = index_dtype(op, "positions", positions);
+  SM7X_CHECK(head_size > 0, op, "head_size must be > 0, got ", head_size);
+  SM7X_CHECK(positions.dim() == 1 || positions.dim() == 2, op,
+             "positions must be [num_tokens] or [batch, seq_len], got shape ",
+             shape_str(positions));
+  check_contiguous(op, "positions", positions);
+  check_device(op, "positions", positions, "query", query);
+  check_device(op, "cos_sin_cache", cos_sin_cache, "query", query);
+  const DType ct = float_dtype(op, "cos_sin_cache", cos_sin_cache);
+  SM7X_CHECK(ct == dt || ct == DType::F32, op, "cos_sin_cache has dtype ", dtype_name(ct),
+             " but query has dtype ", dtype_name(dt), "; the cache must have the query's dtype "
+             "or float32 (cast it with .to(query.dtype))");
+  check_dim(op, "cos_sin_cache", cos_sin_cache, 2, "[max_position, rot_dim]");
+  const int64_t max_pos = cos_sin_cache.size(0), rot_dim = cos_sin_cache.size(1);
+  SM7X_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_size, op,
+             "cos_sin_cache.shape[1] (rot_dim = ", rot_dim, ") must be even, > 0 and <= "
+             "head_size (", head_size, "): each row is [cos | sin] of rot_dim / 2 each");
+  const Rows cr = as_rows(op, "cos_sin_cache", cos_sin_cache, 1, false);
+  const Heads q = rotary_heads(op, "query", query, positions, head_size);
+  Heads k;
+  void* key_ptr = nullptr;
+  if (key.has_value()) {
+    const Tensor& kt = *key;
+    check_device(op, "key", kt, "query", query);
+    check_same_dtype(op, "key", kt, "query", query);
+    k = rotary_heads(op, "key", kt, positions, head_size);
+  }
+  const int64_t tokens = positions.numel();
+  check_int32(op, "number of heads", q.heads + k.heads);
+  if (tokens == 0 || q.heads + k.heads == 0) return;
+  if (key.has_value()) key_ptr = key->mutable_data_ptr();
+  RotaryArgs a{positions.const_data_ptr(), query.mutable_data_ptr(), key_ptr,
+               cos_sin_cache.const_data_ptr(), tokens, q.heads, k.heads, head_size, rot_dim,
+               max_pos, q.token_stride, q.head_stride, k.token_stride, k.head_stride,
+               cr.stride, is_neox};
+  if (query.is_cuda()) {
+    SM7X_CUDA_RUN(op, query,
+                  [&](cudaStream_t s) { return rotary_embedding_cuda(dt, ct, pt, a, s); });
+  } else {
+    // Positions index the cache: check them (on CUDA the kernel skips bad ones instead
+    // of syncing to check).
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t p = pt == IType::I64 ? static_cast<const int64_t*>(a.positions)[t]
+                                         : static_cast<const int32_t*>(a.positions)[t];
+      SM7X_CHECK(p >= 0 && p < max_pos, op, "positions[", t, "] = ", p,
+                 " is outside the cos_sin_cache (max_position ", max_pos, ")");
+    }
+    rotary_embedding_cpu(dt, ct, pt, a, run_parallel);
+  }
+}
+
+void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache,
+                       Tensor slot_mapping) {
+  const char* op = "reshape_and_cache";
+  const DType dt = float_dtype(op, "key", key);
+  const IType st = index_dtype(op, "slot_mapping", slot_mapping);
+  check_dim(op, "key", key, 3, "[num_tokens, num_kv_heads, head_size]");
+  check_dim(op, "value", value, 3, "[num_tokens, num_kv_heads, head_size]");
+  check_dim(op, "key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_size]");
+  check_dim(op, "value_cache", value_cache, 4,
+            "[num_blocks, block_size, num_kv_heads, head_size]");
+  check_dim(op, "slot_mapping", slot_mapping, 1, "[num_tokens]");
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"value", &value},
+                      {"key_cache", &key_cache},
+                      {"value_cache", &value_cache}}) {
+    check_device(op, n, *t, "key", key);
+    check_same_dtype(op, n, *t, "key", key);
+  }
+  check_device(op, "slot_mapping", slot_mapping, "key", key);
+  check_contiguous(op, "slot_mapping", slot_mapping);
+  const int64_t tokens = key.size(0), heads = key.size(1), hs = key.size(2);
+  const int64_t vhs = value.size(2);
+  check_size(op, "value", value, 0, tokens, "num_tokens = key.shape[0]");
+  check_size(op, "value", value, 1, heads, "num_kv_heads = key.shape[1]");
+  check_size(op, "slot_mapping", slot_mapping, 0, tokens, "num_tokens = key.shape[0]");
+  const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
+  SM7X_CHECK(bs > 0, op, "key_cache has block_size 0 (shape ", shape_str(key_cache), ")");
+  check_size(op, "key_cache", key_cache, 2, heads, "num_kv_heads = key.shape[1]");
+  check_size(op, "key_cache", key_cache, 3, hs, "head_size = key.shape[2]");
+  check_size(op, "value_cache", value_cache, 0, nb, "num_blocks = key_cache.shape[0]");
+  check_size(op, "value_cache", value_cache, 1, bs, "block_size = key_cache.shape[1]");
+  check_size(op, "value_cache", value_cache, 2, heads, "num_kv_heads = key.shape[1]");
+  check_size(op, "value_cache", value_cache, 3, vhs, "head_size = value.shape[2]");
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"key", &key}, {"value", &value},
+                      {"key_cache", &key_cache}, {"value_cache", &value_cache}})
+    SM7X_CHECK(size_at(*t, -1) <= 1 || stride_at(*t, -1) == 1, op, n, " (shape ", shape_str(*t),
+               ", strides ", strides_str(*t), ") must have a contiguous last dimension; "
+               "call ", n, ".contiguous() first");
+  check_int32(op, "num_kv_heads * (key + value head size)", heads * (hs + vhs));
+  if (tokens == 0 || heads == 0) return;
+  if (key_cache.is_cpu()) {
+    const int64_t nslots = nb * bs;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t s = st == IType::I64 ? static_cast<const int64_t*>(slot_mapping.const_data_ptr())[t]
+                                         : static_cast<const int32_t*>(slot_mapping.const_data_ptr())[t];
+      SM7X_CHECK(s < nslots, op, "slot_mapping[", t, "] = ", s, " is outside the cache (",
+                 nb, " blocks x ", bs, " slots = ", nslots, " slots; negative slots mark "
+                 "padding tokens and are skipped)");
+    }
+  }
+  ReshapeAndCacheArgs a{key.const_data_ptr(), value.const_data_ptr(),
+                        key_cache.mutable_data_ptr(), value_cache.mutable_data_ptr(),
+                        slot_mapping.const_data_ptr(), tokens, heads, hs, vhs, nb, bs,
+                        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+                        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+                        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)};
+  if (key.is_cuda())
+    SM7X_CUDA_RUN(op, key, [&](cudaStream_t s) { return reshape_and_cache_cuda(dt, st, a, s); });
+  else
+    reshape_and_cache_cpu(dt, st, a, run_parallel);
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace sm7x
+
+// Schemas follow vLLM's _C ops (out-params and in-place, nothing returned), so the
+// kernels can back vLLM-style layers directly.
+STABLE_TORCH_LIBRARY(sm7x, m) {
+  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
+  m.def(
+      "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+      "Tensor cos_sin_cache, bool is_neox) -> ()");
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
+      "Tensor(b!) value_cache, Tensor slot_mapping) -> ()");
+}
+
+// One implementation per op serves both keys: it validates, then branches on the device.
+#define SM7X_IMPLS(m)                                                          \
+  m.impl("rms_norm", TORCH_BOX(&sm7x::core::rms_norm));                        \
+  m.impl("fused_add_rms_norm", TORCH_BOX(&sm7x::core::fused_add_rms_norm));    \
+  m.impl("silu_and_mul", TORCH_BOX(&sm7x::core::silu_and_mul));                \
+  m.impl("rotary_embedding", TORCH_BOX(&sm7x::core::rotary_embedding));        \
+  m.impl("reshape_and_cache", TORCH_BOX(&sm7x::core::reshape_and_cache))
+
+STABLE_TORCH_LIBRARY_IMPL(sm7x, CPU, m) { SM7X_IMPLS(m); }
+STABLE_TORCH_LIBRARY_IMPL(sm7x, CUDA, m) { SM7X_IMPLS(m); }

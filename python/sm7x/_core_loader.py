@@ -1,0 +1,128 @@
+"""Finds and loads sm7x's core op library, ``_core.abi3.so`` (package sm7x-core).
+
+The library registers the ``torch.ops.sm7x.*`` operators when it is loaded into a
+process that has torch (>= 2.10): it is built against torch's stable ABI and links no
+torch library, so one file serves every torch >= 2.10 and every Python >= 3.10. It is
+not a Python module (no ``PyInit``): it is loaded with ``torch.ops.load_library``.
+
+Search order (never the working directory, see DESIGN.md "The loader"):
+
+1. each directory in ``$SM7X_LIBRARY_PATH`` (``os.pathsep``-separated; empty entries are
+   ignored rather than meaning the working directory),
+2. the installed package directory (``Path(sm7x.__file__).parent``),
+3. where the package's own import machinery places ``sm7x._core`` (an editable install
+   keeps built files apart from the sources; this is still the installed package).
+
+Importing this module is cheap: torch is imported only by :func:`load`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import threading
+from pathlib import Path
+
+from . import _install_hints
+from ._select import LIBRARY_PATH_ENV
+
+LIBRARY_NAME = "_core.abi3.so"
+PACKAGE = "sm7x-core"
+NAMESPACE = "sm7x"
+# An op the library defines: present in torch.ops.sm7x once the library is loaded.
+_PROBE_OP = "rms_norm"
+
+log = logging.getLogger("sm7x")
+
+_lock = threading.Lock()
+_loaded: Path | None = None
+
+
+class MissingCoreLibraryError(ImportError):
+    """_core.abi3.so is not installed (or cannot be loaded); the message says what to do."""
+
+
+def _package_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def search_dirs() -> list[Path]:
+    """The directories searched for the library, in order (see the module docstring)."""
+    dirs = [Path(d).absolute() for d in os.environ.get(LIBRARY_PATH_ENV, "").split(os.pathsep) if d]
+    dirs.append(_package_dir())
+    return dirs
+
+
+def core_library_path() -> Path | None:
+    """Where ``_core.abi3.so`` lies, or None when it is not installed."""
+    for d in search_dirs():
+        candidate = d / LIBRARY_NAME
+        if candidate.is_file():
+            return candidate
+    # Editable installs (scikit-build-core's redirect mode) map sm7x._core to the built
+    # file through the package's import hook. find_spec only locates: it loads nothing.
+    try:
+        spec = importlib.util.find_spec(f"{__package__}._core")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        origin = Path(spec.origin)
+        if origin.name == LIBRARY_NAME and origin.is_file():
+            return origin
+    return None
+
+
+def loaded_path() -> Path | None:
+    """The library this process loaded, or None if it has not been loaded (yet)."""
+    return _loaded
+
+
+def _registered(torch) -> bool:
+    try:
+        getattr(getattr(torch.ops, NAMESPACE), _PROBE_OP)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def load() -> Path:
+    """Loads the library into torch once per process (thread-safe); returns its path.
+
+    Raises MissingCoreLibraryError when it is not installed or cannot be loaded.
+    """
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        import torch
+
+        path = core_library_path()
+        if path is None:
+            if _registered(torch):
+                # Someone loaded a build of it by hand (torch.ops.load_library): use it.
+                _loaded = Path(f"<{NAMESPACE} ops registered outside sm7x>")
+                return _loaded
+            searched = ", ".join(str(d) for d in search_dirs())
+            raise MissingCoreLibraryError(
+                f"sm7x's core op library {LIBRARY_NAME} (package {PACKAGE}) is not installed "
+                f"(searched {searched}; set {LIBRARY_PATH_ENV} to the directory of a build): "
+                f"{_install_hints.install_hint(PACKAGE)}"
+            )
+        if _registered(torch):
+            # Loading a second copy would fail: torch allows one definition per namespace.
+            log.info("sm7x: torch.ops.%s already registered; not loading %s", NAMESPACE, path)
+        else:
+            try:
+                torch.ops.load_library(str(path))
+            except OSError as exc:
+                raise MissingCoreLibraryError(
+                    f"cannot load {path} into torch {torch.__version__}: {exc}. The library "
+                    f"needs torch >= 2.10 (it uses torch's stable ABI); upgrade torch or "
+                    f"reinstall {PACKAGE}"
+                ) from exc
+            log.info("sm7x: loaded %s into torch %s", path, torch.__version__)
+        _loaded = path
+        return _loaded

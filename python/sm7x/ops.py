@@ -1,0 +1,340 @@
+"""sm7x core ops: fused inference kernels for CPU and CUDA (``torch.ops.sm7x.*``).
+
+These wrap the operators of ``_core.abi3.so`` (package sm7x-core), which is loaded on
+first use, once per process, from the installed package or ``$SM7X_LIBRARY_PATH``
+(see :mod:`sm7x._core_loader`). The semantics follow vLLM's ``_C`` ops:
+
+- ``rms_norm(x, weight, eps, out=None)``: ``out = x / sqrt(mean(x**2) + eps) * weight``
+- ``fused_add_rms_norm(x, residual, weight, eps)``: in place, ``residual += x`` and
+  ``x = rms_norm(residual) * weight``
+- ``silu_and_mul(x, out=None)``: ``x = [gate | up]`` on the last dim,
+  ``out = silu(gate) * up``
+- ``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)``: in
+  place on query/key, NeoX (rotate halves) or GPT-J (interleaved pairs) style, partial
+  rotary when ``cos_sin_cache.shape[1] < head_size``
+- ``reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)``: scatter
+  ``[tokens, kv_heads, head_size]`` into paged caches ``[blocks, block_size, kv_heads,
+  head_size]`` at ``slot = block * block_size + offset``; negative slots are skipped
+
+dtypes: float16, bfloat16 and float32 (all arithmetic in float32) on CPU and CUDA.
+Inputs may be row slices (last dim contiguous, rows of one stride); anything else is
+refused with a message that says to call ``.contiguous()``. The ops have fake
+implementations, so they work under ``torch.compile``.
+
+This module imports torch; ``import sm7x`` does not import it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+
+from . import _core_loader
+
+__all__ = [
+    "fused_add_rms_norm",
+    "load_library",
+    "reshape_and_cache",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int64, torch.int32)
+
+_ready = False
+_lock = threading.Lock()
+
+
+def _register_fakes() -> None:
+    # All ops mutate their (a!)/(b!) arguments and return nothing: the fakes only have
+    # to exist (and re-check what is cheap on meta/fake tensors).
+    def fake_rms_norm(out, x, weight, eps):
+        torch._check(out.shape == x.shape, lambda: "sm7x.rms_norm: out must have x's shape")
+
+    def fake_fused_add_rms_norm(x, residual, weight, eps):
+        torch._check(residual.shape == x.shape,
+                     lambda: "sm7x.fused_add_rms_norm: residual must have x's shape")
+
+    def fake_silu_and_mul(out, x):
+        return None
+
+    def fake_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+        return None
+
+    def fake_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
+        return None
+
+    for name, fn in (
+        ("rms_norm", fake_rms_norm),
+        ("fused_add_rms_norm", fake_fused_add_rms_norm),
+        ("silu_and_mul", fake_silu_and_mul),
+        ("rotary_embedding", fake_rotary_embedding),
+        ("reshape_and_cache", fake_reshape_and_cache),
+    ):
+        try:
+            torch.library.register_fake(f"{_core_loader.NAMESPACE}::{name}")(fn)
+        except RuntimeError as exc:
+            # A fake registered earlier (e.g. by a reloaded copy of this module) stays.
+            if "already" not in str(exc):
+                raise
+
+
+@torch.compiler.assume_constant_result
+def load_library() -> bool:
+    """Loads the core library and registers the fake kernels (once; thread-safe).
+
+    Called by every op; under torch.compile, dynamo runs it at trace time and treats it
+    as a constant, so first use inside a compiled function causes no graph break (not
+    even with fullgraph=True). Raises sm7x._core_loader.MissingCoreLibraryError when the
+    library is not installed.
+    """
+    global _ready
+    if _ready:
+        return True
+    with _lock:
+        if not _ready:
+            _core_loader.load()
+            _register_fakes()
+            _ready = True
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# Cheap argument checks, done before C++ (which checks everything again).
+
+
+def _tensor(name: str, t, op: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"sm7x.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _float(name: str, t: torch.Tensor, op: str) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"sm7x.{op}: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32 "
+            f"(cast with .half(), .bfloat16() or .float())"
+        )
+
+
+def _same(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, op: str) -> None:
+    if t.device != ref.device:
+        raise ValueError(
+            f"sm7x.{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; move all "
+            f"tensors to one device"
+        )
+    if t.dtype != ref.dtype:
+        raise ValueError(
+            f"sm7x.{op}: {name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they "
+            f"must match (cast {name} with .to({ref_name}.dtype))"
+        )
+
+
+def _last_contiguous(name: str, t: torch.Tensor, op: str) -> None:
+    if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"sm7x.{op}: {name} (shape {tuple(t.shape)}, strides {t.stride()}) must have a "
+            f"contiguous last dimension; call {name}.contiguous() first"
+        )
+
+
+def _eps(eps, op: str) -> float:
+    eps = float(eps)
+    if not eps >= 0 or eps == float("inf"):
+        raise ValueError(f"sm7x.{op}: eps must be a finite number >= 0, got {eps}")
+    return eps
+
+
+# ---------------------------------------------------------------------------------------
+# Ops.
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+             out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """RMS norm over the last dim: ``x / sqrt(mean(x**2, -1) + eps) * weight``.
+
+    ``x``: ``[..., hidden]``; ``weight``: ``[hidden]`` of x's dtype. Writes ``out``
+    (allocated when None; may be ``x`` itself) and returns it.
+    """
+    op = "rms_norm"
+    load_library()
+    _tensor("x", x, op)
+    _tensor("weight", weight, op)
+    _float("x", x, op)
+    _same("weight", weight, "x", x, op)
+    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"sm7x.{op}: weight has shape {tuple(weight.shape)} but must be [hidden] = "
+            f"[{x.shape[-1] if x.dim() else '?'}] for x of shape {tuple(x.shape)}"
+        )
+    _last_contiguous("x", x, op)
+    eps = _eps(eps, op)
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    else:
+        _tensor("out", out, op)
+        _same("out", out, "x", x, op)
+        if out.shape != x.shape:
+            raise ValueError(
+                f"sm7x.{op}: out has shape {tuple(out.shape)} but x has {tuple(x.shape)}"
+            )
+    torch.ops.sm7x.rms_norm(out, x, weight, eps)
+    return out
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place: ``residual += x``, then ``x = rms_norm(residual) * weight``.
+
+    The sum is rounded to the dtype before the norm (vLLM semantics). Returns
+    ``(x, residual)``, the same tensors.
+    """
+    op = "fused_add_rms_norm"
+    load_library()
+    for name, t in (("x", x), ("residual", residual), ("weight", weight)):
+        _tensor(name, t, op)
+    _float("x", x, op)
+    _same("residual", residual, "x", x, op)
+    _same("weight", weight, "x", x, op)
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"sm7x.{op}: residual has shape {tuple(residual.shape)} but x has "
+            f"{tuple(x.shape)}; they must match"
+        )
+    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"sm7x.{op}: weight has shape {tuple(weight.shape)} but must be [hidden] = "
+            f"[{x.shape[-1] if x.dim() else '?'}] for x of shape {tuple(x.shape)}"
+        )
+    _last_contiguous("x", x, op)
+    _last_contiguous("residual", residual, op)
+    torch.ops.sm7x.fused_add_rms_norm(x, residual, weight, _eps(eps, op))
+    return x, residual
+
+
+def silu_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x = [gate | up]`` on the last dim (``2 * d``): ``out = silu(gate) * up``, ``[..., d]``."""
+    op = "silu_and_mul"
+    load_library()
+    _tensor("x", x, op)
+    _float("x", x, op)
+    if x.dim() < 1 or x.shape[-1] % 2:
+        raise ValueError(
+            f"sm7x.{op}: x has shape {tuple(x.shape)}; its last dimension must be even "
+            f"(x = [gate | up])"
+        )
+    _last_contiguous("x", x, op)
+    shape = (*x.shape[:-1], x.shape[-1] // 2)
+    if out is None:
+        out = x.new_empty(shape)
+    else:
+        _tensor("out", out, op)
+        _same("out", out, "x", x, op)
+        if tuple(out.shape) != shape:
+            raise ValueError(
+                f"sm7x.{op}: out has shape {tuple(out.shape)} but must be {shape} for x of "
+                f"shape {tuple(x.shape)}"
+            )
+    torch.ops.sm7x.silu_and_mul(out, x)
+    return out
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor,
+                     key: Optional[torch.Tensor], head_size: int,
+                     cos_sin_cache: torch.Tensor,
+                     is_neox: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rotary position embedding, in place on ``query`` and ``key`` (vLLM semantics).
+
+    ``positions``: ``[tokens]`` (or ``[batch, seq]``) int64/int32; ``query``/``key``:
+    ``positions.shape + [heads * head_size]`` or ``+ [heads, head_size]`` (key may be
+    None, and may have fewer heads); ``cos_sin_cache``: ``[max_position, rot_dim]`` =
+    ``[cos | sin]``, ``rot_dim <= head_size`` (only the first rot_dim dims rotate), of
+    the query's dtype or float32. ``is_neox``: rotate halves; else GPT-J interleaved
+    pairs. Returns ``(query, key)``.
+    """
+    op = "rotary_embedding"
+    load_library()
+    _tensor("positions", positions, op)
+    _tensor("query", query, op)
+    _tensor("cos_sin_cache", cos_sin_cache, op)
+    if positions.dtype not in INDEX_DTYPES:
+        raise ValueError(
+            f"sm7x.{op}: positions has dtype {positions.dtype}; it must be int64 or int32"
+        )
+    _float("query", query, op)
+    if cos_sin_cache.dtype not in (query.dtype, torch.float32):
+        raise ValueError(
+            f"sm7x.{op}: cos_sin_cache has dtype {cos_sin_cache.dtype}; it must be the "
+            f"query's dtype ({query.dtype}) or float32"
+        )
+    for name, t in (("positions", positions), ("cos_sin_cache", cos_sin_cache)):
+        if t.device != query.device:
+            raise ValueError(
+                f"sm7x.{op}: {name} is on {t.device} but query is on {query.device}; move "
+                f"all tensors to one device"
+            )
+    head_size = int(head_size)
+    if head_size <= 0:
+        raise ValueError(f"sm7x.{op}: head_size must be > 0, got {head_size}")
+    if cos_sin_cache.dim() != 2:
+        raise ValueError(
+            f"sm7x.{op}: cos_sin_cache must be [max_position, rot_dim], got shape "
+            f"{tuple(cos_sin_cache.shape)}"
+        )
+    rot_dim = cos_sin_cache.shape[1]
+    if rot_dim % 2 or not 0 < rot_dim <= head_size:
+        raise ValueError(
+            f"sm7x.{op}: cos_sin_cache.shape[1] (rot_dim = {rot_dim}) must be even, > 0 and "
+            f"<= head_size ({head_size})"
+        )
+    _last_contiguous("query", query, op)
+    if key is not None:
+        _tensor("key", key, op)
+        _same("key", key, "query", query, op)
+        _last_contiguous("key", key, op)
+    torch.ops.sm7x.rotary_embedding(positions, query, key, head_size, cos_sin_cache,
+                                    bool(is_neox))
+    return query, key
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Writes ``key``/``value`` ``[tokens, kv_heads, head_size]`` into the paged caches.
+
+    Caches: ``[num_blocks, block_size, kv_heads, head_size]`` (the layout the FA2 kernels
+    read). Token ``t`` goes to block ``slot // block_size``, offset ``slot % block_size``
+    with ``slot = slot_mapping[t]``; tokens with a negative slot (padding) are skipped.
+    """
+    op = "reshape_and_cache"
+    load_library()
+    for name, t in (("key", key), ("value", value), ("key_cache", key_cache),
+                    ("value_cache", value_cache), ("slot_mapping", slot_mapping)):
+        _tensor(name, t, op)
+    _float("key", key, op)
+    for name, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache)):
+        _same(name, t, "key", key, op)
+    if slot_mapping.dtype not in INDEX_DTYPES:
+        raise ValueError(
+            f"sm7x.{op}: slot_mapping has dtype {slot_mapping.dtype}; it must be int64 or int32"
+        )
+    if slot_mapping.device != key.device:
+        raise ValueError(
+            f"sm7x.{op}: slot_mapping is on {slot_mapping.device} but key is on "
+            f"{key.device}; move all tensors to one device"
+        )
+    if key.dim() != 3 or value.dim() != 3:
+        raise ValueError(
+            f"sm7x.{op}: key and value must be [num_tokens, num_kv_heads, head_size], got "
+            f"{tuple(key.shape)} and {tuple(value.shape)}"
+        )
+    if key_cache.dim() != 4 or value_cache.dim() != 4:
+        raise ValueError(
+            f"sm7x.{op}: key_cache and value_cache must be [num_blocks, block_size, "
+            f"num_kv_heads, head_size], got {tuple(key_cache.shape)} and "
+            f"{tuple(value_cache.shape)}"
+        )
+    torch.ops.sm7x.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
