@@ -249,22 +249,30 @@ struct CudaLaunch {
 // ---------------------------------------------------------------------------------------
 // Ops.
 
-void rms_norm(Tensor out, Tensor x, Tensor weight, double eps) {
-  const char* op = "rms_norm";
-  const DType dt = float_dtype(op, "x", x);
+// The checks both norms share: x [..., hidden] in a float dtype, weight [hidden], eps,
+// and the second tensor (out or residual) on x's device with x's dtype. Returns hidden.
+int64_t check_norm_args(const char* op, const Tensor& x, const char* other_name,
+                        const Tensor& other, const Tensor& weight, double eps) {
   SM7X_CHECK(x.dim() >= 1, op, "x must have at least 1 dimension (..., hidden_size)");
   const int64_t hidden = size_at(x, -1);
   SM7X_CHECK(hidden > 0, op, "x has hidden size 0 (shape ", shape_str(x),
              "); the last dimension must not be empty");
   check_int32(op, "hidden size", hidden);
   check_eps(op, eps);
-  check_device(op, "out", out, "x", x);
+  check_device(op, other_name, other, "x", x);
   check_device(op, "weight", weight, "x", x);
-  check_same_dtype(op, "out", out, "x", x);
+  check_same_dtype(op, other_name, other, "x", x);
   check_same_dtype(op, "weight", weight, "x", x);
   check_dim(op, "weight", weight, 1, "[hidden_size]");
   check_size(op, "weight", weight, 0, hidden, "x.shape[-1]");
   check_contiguous(op, "weight", weight);
+  return hidden;
+}
+
+void rms_norm(Tensor out, Tensor x, Tensor weight, double eps) {
+  const char* op = "rms_norm";
+  const DType dt = float_dtype(op, "x", x);
+  const int64_t hidden = check_norm_args(op, x, "out", out, weight, eps);
   SM7X_CHECK(out.dim() == x.dim() && out.numel() == x.numel(), op, "out has shape ",
              shape_str(out), " but x has shape ", shape_str(x), "; they must match");
   for (int64_t d = 0; d < x.dim(); ++d)
@@ -284,19 +292,7 @@ void rms_norm(Tensor out, Tensor x, Tensor weight, double eps) {
 void fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, double eps) {
   const char* op = "fused_add_rms_norm";
   const DType dt = float_dtype(op, "x", x);
-  SM7X_CHECK(x.dim() >= 1, op, "x must have at least 1 dimension (..., hidden_size)");
-  const int64_t hidden = size_at(x, -1);
-  SM7X_CHECK(hidden > 0, op, "x has hidden size 0 (shape ", shape_str(x),
-             "); the last dimension must not be empty");
-  check_int32(op, "hidden size", hidden);
-  check_eps(op, eps);
-  check_device(op, "residual", residual, "x", x);
-  check_device(op, "weight", weight, "x", x);
-  check_same_dtype(op, "residual", residual, "x", x);
-  check_same_dtype(op, "weight", weight, "x", x);
-  check_dim(op, "weight", weight, 1, "[hidden_size]");
-  check_size(op, "weight", weight, 0, hidden, "x.shape[-1]");
-  check_contiguous(op, "weight", weight);
+  const int64_t hidden = check_norm_args(op, x, "residual", residual, weight, eps);
   bool same = residual.dim() == x.dim();
   for (int64_t d = 0; same && d < x.dim(); ++d) same = residual.size(d) == x.size(d);
   SM7X_CHECK(same, op, "residual has shape ", shape_str(residual), " but x has shape ",

@@ -4,25 +4,19 @@ py-rattler, for every Python the default variants build, and use them there."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
-from builder import REPO, bootstrap
+from builder import envs
 from builder.channel import SUBDIRS, records
+from pkgtest import CHANNEL, CHANNELS, run
 
 pytestmark = pytest.mark.package
 
-CHANNEL = REPO / "channel"
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
-if not (CHANNEL / "noarch" / "repodata.json").exists():
-    if os.environ.get("CI"):
-        raise RuntimeError("./channel was not built: run ./build.sh before ./test.sh")
-    pytest.skip("./channel not built (run ./build.sh)", allow_module_level=True)
 
-envs = pytest.importorskip("builder.envs")
 
 PLAN = """
 import array, sm7x, sm7x._sched as s
@@ -36,14 +30,8 @@ print(s.__file__)
 
 
 def channels():
-    return [CHANNEL, bootstrap.CHANNEL]
+    return CHANNELS
 
-
-def run(env, *args):
-    proc = subprocess.run([str(env.python), *args], capture_output=True, text=True, timeout=120,
-                          cwd=env.prefix, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    assert proc.returncode == 0, f"{args}: {proc.stdout}\n{proc.stderr}"
-    return proc.stdout
 
 
 def test_repodata_is_monolithic_in_every_subdir():
@@ -69,7 +57,7 @@ def test_channel_holds_one_ext_per_python_and_one_noarch_sm7x():
 
 @pytest.mark.parametrize("python", PYTHONS)
 def test_install_and_use(tmp_path, python):
-    env = envs.create(tmp_path / "env", ["sm7x", f"python {python}.*"], channels())
+    env = envs.create(tmp_path / "env", ["sm7x", f"python {python}.*"], CHANNELS)
     assert {"sm7x", "sm7x-ext", "python", "python_abi"} <= env.names
     assert "pytorch" not in env.names, "sm7x must not pull torch"
     ext_file = run(env, "-c", PLAN).strip()

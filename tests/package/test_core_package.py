@@ -4,22 +4,16 @@ CPU-only torch 2.13, works without torch for metadata, and passes the ABI audit.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from builder import REPO, bootstrap
+from builder import envs
+from pkgtest import CHANNEL, CHANNELS, run
 
 pytestmark = pytest.mark.package
 
-CHANNEL = REPO / "channel"
-if not (CHANNEL / "linux-64" / "repodata.json").exists():
-    if os.environ.get("CI"):
-        raise RuntimeError("./channel was not built: run ./build.sh before ./test.sh")
-    pytest.skip("./channel not built (run ./build.sh)", allow_module_level=True)
-envs = pytest.importorskip("builder.envs")
 
 OPS = r"""
 import torch, sm7x.ops as o
@@ -38,12 +32,6 @@ def core_records():
     return [r for r in data.values() if r["name"] == "sm7x-core"]
 
 
-def run(env, *args):
-    proc = subprocess.run([str(env.python), *args], capture_output=True, text=True, timeout=300,
-                          cwd=env.prefix, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    assert proc.returncode == 0, f"{args}: {proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
 
 def test_one_abi3_build_for_every_python_and_torch():
     (rec,) = core_records()
@@ -55,7 +43,7 @@ def test_one_abi3_build_for_every_python_and_torch():
 
 @pytest.mark.parametrize("python", ["3.10", "3.12", "3.13"])
 def test_installs_without_torch(tmp_path, python):
-    env = envs.create(tmp_path / "env", ["sm7x", f"python {python}.*"], [CHANNEL, bootstrap.CHANNEL])
+    env = envs.create(tmp_path / "env", ["sm7x", f"python {python}.*"], CHANNELS)
     assert "sm7x-core" in env.names and "pytorch" not in env.names
     lib = env.prefix / "lib" / f"python{python}" / "site-packages" / "sm7x" / "_core.abi3.so"
     assert lib.is_file()
@@ -67,7 +55,7 @@ def test_installs_without_torch(tmp_path, python):
 
 
 def test_ops_run_in_a_cpu_torch_environment(tmp_path):
-    env = envs.create(tmp_path / "env", ["sm7x", "python 3.11.*", "pytorch 2.13.*"], [CHANNEL, bootstrap.CHANNEL])
+    env = envs.create(tmp_path / "env", ["sm7x", "python 3.11.*", "pytorch 2.13.*"], CHANNELS)
     out = run(env, "-c", OPS)
     for op in ("fused_add_rms_norm", "reshape_and_cache", "rms_norm", "rotary_embedding", "silu_and_mul"):
         assert op in out

@@ -67,7 +67,6 @@ def render_text(records: list[Record], out: TextIO, plain: bool = False) -> None
         except ImportError:
             plain = True
     if plain:
-        w_file = max([4] + [len(r.file) for r, _ in rows])
         head = f"{'TORCH':9} {'MIN':11} {'ABI3':10} {'NAME':8} FILE"
         print(head, file=out)
         for r, c in rows:
