@@ -19,7 +19,7 @@ from .ui import console
 RECIPES = REPO / "recipe" / "bootstrap"
 CHANNEL = STATE / "bootstrap" / "channel"
 # build order: later recipes solve against packages of earlier ones
-BOOTSTRAP_RECIPES = ["build-tools", "compilers", "python", "pybind11", "torch-deps", "pytorch"]
+BOOTSTRAP_RECIPES = ["build-tools", "compilers", "cuda", "python", "pybind11", "torch-deps", "pytorch"]
 
 
 def digest() -> str:

@@ -1,0 +1,98 @@
+"""Debian packages as pinned inputs (the CUDA toolchain of the bootstrap channel): file
+names parse, every pin has a sha256, and a bad pin ends the fetch with a message that
+names the file, the recipe and the fix. Network tests fetch about 150 kB."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import pytest
+import yaml
+
+from builder import BuildFailed, bootstrap, inputs
+
+SMALL_DEB = "nvidia-cuda-toolkit-gcc_12.4.1-2_amd64.deb"  # 25 kB, in trixie non-free
+needs_apt = pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt-get")
+
+
+@pytest.mark.parametrize("filename, want", [
+    ("nvidia-cuda-toolkit_12.4.131~12.4.1-2_amd64.deb", ("nvidia-cuda-toolkit", "12.4.131~12.4.1-2", "amd64")),
+    ("libstdc++6_14.2.0-19_amd64.deb", ("libstdc++6", "14.2.0-19", "amd64")),
+    ("python3-six_1.17.0-1_all.deb", ("python3-six", "1.17.0-1", "all")),
+    ("libfoo_1%3a2.0+dfsg-1~bpo12+1_arm64.deb", ("libfoo", "1:2.0+dfsg-1~bpo12+1", "arm64")),
+    ("libfoo_1%3A2.0-1_amd64.deb", ("libfoo", "1:2.0-1", "amd64")),
+])
+def test_deb_file_names(filename, want):
+    assert inputs.deb_request(filename) == want
+
+
+@pytest.mark.parametrize("filename", ["cuda.deb", "Foo_1.0_amd64.deb", "foo_1.0.deb", "foo_1.0_amd64.whl", "foo__amd64.deb"])
+def test_not_deb_file_names(filename):
+    with pytest.raises(ValueError):
+        inputs.deb_request(filename)
+
+
+def test_every_deb_pin_is_pinned_and_parses():
+    assert bootstrap.BOOTSTRAP_RECIPES.index("cuda") == bootstrap.BOOTSTRAP_RECIPES.index("compilers") + 1
+    pins = inputs.collect_pins([bootstrap.RECIPES / n / "recipe.yaml" for n in bootstrap.BOOTSTRAP_RECIPES])
+    debs = [p for p in pins if p.name.endswith(".deb")]
+    assert debs, "the cuda recipe pins Debian's nvidia-cuda-toolkit"
+    for pin in debs:
+        assert len(pin.sha256) == 64 and int(pin.sha256, 16) >= 0, pin
+        inputs.deb_request(pin.name)
+
+
+def _recipe(tmp_path, inputs_dir, name, sha):
+    path = tmp_path / "recipe.yaml"
+    src = {"path": str(inputs_dir / name), **({"sha256": sha} if sha else {})}
+    path.write_text(yaml.safe_dump({"package": {"name": "x", "version": "1"}, "source": src}))
+    return path
+
+
+@pytest.fixture
+def inputs_dir(tmp_path, monkeypatch):
+    d = tmp_path / "inputs"
+    monkeypatch.setattr(inputs, "INPUTS", d)
+    # trixie's non-free index is 100 kB; main's is 10 MB and these tests need none of it
+    monkeypatch.setattr(inputs, "DEBIAN", "http://deb.debian.org/debian trixie non-free")
+    return d
+
+
+def test_unpinned_deb_is_refused(tmp_path, inputs_dir):
+    with pytest.raises(BuildFailed, match="no sha256"):
+        inputs.collect_pins([_recipe(tmp_path, inputs_dir, SMALL_DEB, None)])
+
+
+def test_cached_deb_is_not_fetched_again(tmp_path, inputs_dir, monkeypatch):
+    inputs_dir.mkdir()
+    (inputs_dir / SMALL_DEB).write_bytes(b"cached")
+    monkeypatch.setattr(inputs.subprocess, "run", lambda *a, **k: pytest.fail("fetched a cached file"))
+    inputs.fetch(inputs.collect_pins([_recipe(tmp_path, inputs_dir, SMALL_DEB, hashlib.sha256(b"cached").hexdigest())]))
+
+
+def test_no_apt_get_is_named(tmp_path, inputs_dir, monkeypatch):
+    monkeypatch.setattr(inputs.shutil, "which", lambda _: None)
+    with pytest.raises(BuildFailed, match=f"{SMALL_DEB} .*no apt-get"):
+        inputs.fetch(inputs.collect_pins([_recipe(tmp_path, inputs_dir, SMALL_DEB, "0" * 64)]), log=lambda *_: None)
+
+
+@needs_apt
+def test_unknown_deb_version_names_file_recipe_and_fix(tmp_path, inputs_dir):
+    name = "nvidia-cuda-toolkit-gcc_0.0-0_amd64.deb"
+    pins = inputs.collect_pins([_recipe(tmp_path, inputs_dir, name, "0" * 64)])
+    with pytest.raises(BuildFailed) as info:
+        inputs.fetch(pins, log=lambda *_: None)
+    text = str(info.value)
+    assert f"could not fetch {name} pinned in {tmp_path / 'recipe.yaml'}" in text
+    assert "'0.0-0' for 'nvidia-cuda-toolkit-gcc' was not found" in text
+    assert "packages.debian.org/trixie/nvidia-cuda-toolkit-gcc" in text and "snapshot.debian.org" in text
+    assert not (inputs_dir / name).exists()
+
+
+@needs_apt
+def test_wrong_deb_sha256_fails_and_leaves_no_file(tmp_path, inputs_dir):
+    pins = inputs.collect_pins([_recipe(tmp_path, inputs_dir, SMALL_DEB, "0" * 64)])
+    with pytest.raises(BuildFailed, match=f"{SMALL_DEB}: downloaded sha256 [0-9a-f]{{64}} != pinned 0{{64}}"):
+        inputs.fetch(pins, log=lambda *_: None)
+    assert list(inputs_dir.iterdir()) == []
