@@ -21,7 +21,7 @@ from .ui import console
 
 RECIPE = REPO / "recipe" / "recipe.yaml"
 OUTPUT = REPO / "channel"
-SOURCES = ["recipe/recipe.yaml", "recipe/scripts", "csrc", "python", "patches", "pyproject.toml"]
+SOURCES = ["recipe/recipe.yaml", "recipe/scripts", "csrc", "python", "patches", "pyproject.toml", "builder"]
 
 
 def parse(argv):
@@ -72,8 +72,10 @@ def build_main(variant_files, channels, out, stamp, test=True):
     work = STATE / "build" / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    log = STATE / "build" / "build.log"  # kept after the build, for reading what ran
+    log.unlink(missing_ok=True)
     rattler.build(RECIPE, output_dir=work, channels=[work.as_uri(), *channels],
-                  variant_files=variant_files, logfile=work / "build.log", test=test)
+                  variant_files=variant_files, logfile=log, test=test)
     channel.publish(work, out, stamp)
     shutil.rmtree(work, ignore_errors=True)
 

@@ -29,7 +29,13 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-import torch
+try:
+    import torch
+except ImportError as exc:  # sm7x-core runs in any torch >= 2.10 but does not pull one in
+    raise ImportError(
+        "sm7x.ops needs PyTorch >= 2.10, which is not installed in this environment: "
+        "conda install pytorch (or: pixi add pytorch)"
+    ) from exc
 
 from . import _core_loader
 

@@ -23,7 +23,8 @@ ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) *
 torch.testing.assert_close(o.rms_norm(x, w, 1e-6).float(), ref, atol=2e-3, rtol=2e-3)
 g = torch.randn(3, 2 * 40)
 torch.testing.assert_close(o.silu_and_mul(g), torch.nn.functional.silu(g[:, :40]) * g[:, 40:])
-print(sorted(n for n in dir(torch.ops.sm7x) if not n.startswith("_")))
+names = ("fused_add_rms_norm", "reshape_and_cache", "rms_norm", "rotary_embedding", "silu_and_mul")
+print([n for n in names if hasattr(torch.ops.sm7x, n)])
 """
 
 
@@ -48,10 +49,10 @@ def test_installs_without_torch(tmp_path, python):
     lib = env.prefix / "lib" / f"python{python}" / "site-packages" / "sm7x" / "_core.abi3.so"
     assert lib.is_file()
     info = json.loads(run(env, "-m", "sm7x", "doctor", "--json"))
-    assert any(entry["name"].endswith("_core.abi3.so") for entry in info["libraries"]), info["libraries"]
+    assert any(entry["file"] == "_core.abi3.so" for entry in info["libraries"]), info["libraries"]
     # without torch the ops module explains itself instead of crashing the process
     proc = subprocess.run([str(env.python), "-c", "import sm7x.ops"], capture_output=True, text=True)
-    assert proc.returncode == 1 and "torch" in proc.stderr and "Segmentation" not in proc.stderr
+    assert proc.returncode == 1 and "needs PyTorch >= 2.10" in proc.stderr, proc.stderr
 
 
 def test_ops_run_in_a_cpu_torch_environment(tmp_path):
