@@ -28,7 +28,30 @@ from packaging.utils import parse_wheel_filename
 from . import REPO, STATE, BuildFailed
 
 INPUTS = STATE / "inputs"
-DEBIAN = "http://deb.debian.org/debian trixie main contrib non-free non-free-firmware"
+# Debian packages come from the suite below, through the Debian mirror this machine's
+# apt is already configured with (its own sources list names it; we do not).
+DEBIAN_SUITE = "trixie main contrib non-free non-free-firmware"
+APT_SOURCES = [Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list")]
+
+
+def debian_mirror() -> str:
+    """The first Debian archive URI in the machine's apt configuration."""
+    for path in APT_SOURCES:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if words[:1] == ["URIs:"] or words[:1] == ["deb"]:
+                uri = words[1] if words[0] == "URIs:" else next((w for w in words[1:] if "://" in w), "")
+                if uri.rstrip("/").endswith("/debian"):
+                    return uri
+    raise BuildFailed("no Debian archive found in this machine's apt sources "
+                      f"({', '.join(map(str, APT_SOURCES))}); the CUDA toolchain's .deb inputs come from there")
+
+
+def debian_source() -> str:
+    return f"{debian_mirror()} {DEBIAN_SUITE}"
+
 # Debian policy: name [a-z0-9+.-], version [A-Za-z0-9.+~:-] with ':' written %3a in file names
 _DEB = re.compile(r"(?P<name>[a-z0-9][a-z0-9+.-]+)_(?P<version>[0-9][A-Za-z0-9.+~%-]*)_(?P<arch>[a-z0-9-]+)\.deb")
 
@@ -127,7 +150,7 @@ def _apt(tmp: Path, arch: str, *args) -> subprocess.CompletedProcess:
     root = tmp / "apt"
     for d in ("lists/partial", "cache/archives/partial"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "sources.list").write_text(f"deb {DEBIAN}\n")
+    (root / "sources.list").write_text(f"deb {debian_source()}\n")
     opts = [f"Dir::Etc::SourceList={root / 'sources.list'}", "Dir::Etc::SourceParts=/dev/null",
             f"Dir::State::Lists={root / 'lists'}", f"Dir::Cache={root / 'cache'}",
             f"APT::Architecture={arch}", f"APT::Architectures={arch}"]
@@ -145,13 +168,13 @@ def _apt_download(pin: Pin, tmp: Path) -> None:
     if not updated.exists():
         proc = _apt(tmp, arch, "update")
         if proc.returncode != 0:
-            raise _failed(pin, proc, f"apt-get update for '{DEBIAN}' failed; check the network or proxy.")
+            raise _failed(pin, proc, f"apt-get update for '{debian_source()}' failed; check the network or proxy.")
         updated.touch()
     proc = _apt(tmp, arch, "download", f"{name}={version}")
     if proc.returncode != 0 or not (tmp / pin.name).exists():
         raise _failed(pin, proc, f"If Debian trixie no longer has {name} {version}, pin the version it has now "
-                      f"(https://packages.debian.org/trixie/{name}) with its sha256, "
-                      f"or put the file from snapshot.debian.org in {INPUTS}.")
+                      f"(Debian's package search, suite trixie, package {name}) with its sha256, "
+                      f"or put the file from Debian's snapshot archive in {INPUTS}.")
 
 
 def fetch(pins: list[Pin], log=print) -> None:

@@ -55,7 +55,7 @@ def inputs_dir(tmp_path, monkeypatch):
     d = tmp_path / "inputs"
     monkeypatch.setattr(inputs, "INPUTS", d)
     # trixie's non-free index is 100 kB; main's is 10 MB and these tests need none of it
-    monkeypatch.setattr(inputs, "DEBIAN", "http://deb.debian.org/debian trixie non-free")
+    monkeypatch.setattr(inputs, "DEBIAN_SUITE", "trixie non-free")
     return d
 
 
@@ -86,7 +86,7 @@ def test_unknown_deb_version_names_file_recipe_and_fix(tmp_path, inputs_dir):
     text = str(info.value)
     assert f"could not fetch {name} pinned in {tmp_path / 'recipe.yaml'}" in text
     assert "'0.0-0' for 'nvidia-cuda-toolkit-gcc' was not found" in text
-    assert "packages.debian.org/trixie/nvidia-cuda-toolkit-gcc" in text and "snapshot.debian.org" in text
+    assert "suite trixie, package nvidia-cuda-toolkit-gcc" in text and "snapshot archive" in text
     assert not (inputs_dir / name).exists()
 
 
