@@ -15,26 +15,11 @@ import pytest
 from builder import REPO, BuildFailed, bootstrap, channel, inputs, variants
 
 
-def _recipe(tmp_path, inputs_dir, name, sha=None):
-    src = {"path": str(inputs_dir / name)}
-    if sha is not None:
-        src["sha256"] = sha
-    import yaml
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump({"package": {"name": "x", "version": "1"}, "source": src}))
-    return path
 
 
-@pytest.fixture
-def inputs_dir(tmp_path, monkeypatch):
-    d = tmp_path / "inputs"
-    monkeypatch.setattr(inputs, "INPUTS", d)
-    return d
-
-
-def test_unpinned_input_is_refused(tmp_path, inputs_dir):
+def test_unpinned_input_is_refused(inputs_dir, pin_recipe):
     with pytest.raises(BuildFailed, match="no sha256"):
-        inputs.collect_pins([_recipe(tmp_path, inputs_dir, "ninja-1.13.0-py3-none-any.whl")])
+        inputs.collect_pins([pin_recipe("ninja-1.13.0-py3-none-any.whl", None)])
 
 
 def test_every_bootstrap_download_is_pinned():
@@ -44,27 +29,27 @@ def test_every_bootstrap_download_is_pinned():
     assert all(len(p.sha256) == 64 for p in pins)
 
 
-def test_wrong_sha256_fails_the_fetch(tmp_path, inputs_dir):
+def test_wrong_sha256_fails_the_fetch(inputs_dir, pin_recipe):
     name = "ninja-1.13.0-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
-    pins = inputs.collect_pins([_recipe(tmp_path, inputs_dir, name, "0" * 64)])
+    pins = inputs.collect_pins([pin_recipe(name, "0" * 64)])
     with pytest.raises(BuildFailed, match="could not fetch ninja"):
         inputs.fetch(pins, log=lambda *_: None)
     assert not (inputs_dir / name).exists()
 
 
-def test_tampered_cached_input_is_replaced(tmp_path, inputs_dir):
+def test_tampered_cached_input_is_replaced(inputs_dir, pin_recipe):
     name = "ninja-1.13.0-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
     sha = "fb46acf6b93b8dd0322adc3a4945452a4e774b75b91293bafcc7b7f8e6517dfa"
     inputs_dir.mkdir()
     (inputs_dir / name).write_bytes(b"not the wheel")
     said = []
-    inputs.fetch(inputs.collect_pins([_recipe(tmp_path, inputs_dir, name, sha)]), log=said.append)
+    inputs.fetch(inputs.collect_pins([pin_recipe(name, sha)]), log=said.append)
     assert hashlib.sha256((inputs_dir / name).read_bytes()).hexdigest() == sha
     assert any("not the pinned" in s for s in said)
 
 
-def test_non_wheel_input_is_named(tmp_path, inputs_dir):
-    pins = inputs.collect_pins([_recipe(tmp_path, inputs_dir, "cuda.deb", "1" * 64)])
+def test_non_wheel_input_is_named(inputs_dir, pin_recipe):
+    pins = inputs.collect_pins([pin_recipe("cuda.deb", "1" * 64)])
     with pytest.raises(BuildFailed, match="not a wheel file name"):
         inputs.fetch(pins, log=lambda *_: None)
 

@@ -8,7 +8,6 @@ import hashlib
 import shutil
 
 import pytest
-import yaml
 
 from builder import BuildFailed, bootstrap, inputs
 
@@ -43,44 +42,30 @@ def test_every_deb_pin_is_pinned_and_parses():
         inputs.deb_request(pin.name)
 
 
-def _recipe(tmp_path, inputs_dir, name, sha):
-    path = tmp_path / "recipe.yaml"
-    src = {"path": str(inputs_dir / name), **({"sha256": sha} if sha else {})}
-    path.write_text(yaml.safe_dump({"package": {"name": "x", "version": "1"}, "source": src}))
-    return path
 
 
-@pytest.fixture
-def inputs_dir(tmp_path, monkeypatch):
-    d = tmp_path / "inputs"
-    monkeypatch.setattr(inputs, "INPUTS", d)
-    # trixie's non-free index is 100 kB; main's is 10 MB and these tests need none of it
-    monkeypatch.setattr(inputs, "DEBIAN_SUITE", "trixie non-free")
-    return d
-
-
-def test_unpinned_deb_is_refused(tmp_path, inputs_dir):
+def test_unpinned_deb_is_refused(tmp_path, inputs_dir, pin_recipe):
     with pytest.raises(BuildFailed, match="no sha256"):
-        inputs.collect_pins([_recipe(tmp_path, inputs_dir, SMALL_DEB, None)])
+        inputs.collect_pins([pin_recipe(SMALL_DEB, None)])
 
 
-def test_cached_deb_is_not_fetched_again(tmp_path, inputs_dir, monkeypatch):
+def test_cached_deb_is_not_fetched_again(tmp_path, inputs_dir, monkeypatch, pin_recipe):
     inputs_dir.mkdir()
     (inputs_dir / SMALL_DEB).write_bytes(b"cached")
     monkeypatch.setattr(inputs.subprocess, "run", lambda *a, **k: pytest.fail("fetched a cached file"))
-    inputs.fetch(inputs.collect_pins([_recipe(tmp_path, inputs_dir, SMALL_DEB, hashlib.sha256(b"cached").hexdigest())]))
+    inputs.fetch(inputs.collect_pins([pin_recipe(SMALL_DEB, hashlib.sha256(b"cached").hexdigest())]))
 
 
-def test_no_apt_get_is_named(tmp_path, inputs_dir, monkeypatch):
+def test_no_apt_get_is_named(tmp_path, inputs_dir, monkeypatch, pin_recipe):
     monkeypatch.setattr(inputs.shutil, "which", lambda _: None)
     with pytest.raises(BuildFailed, match=f"{SMALL_DEB} .*no apt-get"):
-        inputs.fetch(inputs.collect_pins([_recipe(tmp_path, inputs_dir, SMALL_DEB, "0" * 64)]), log=lambda *_: None)
+        inputs.fetch(inputs.collect_pins([pin_recipe(SMALL_DEB, "0" * 64)]), log=lambda *_: None)
 
 
 @needs_apt
-def test_unknown_deb_version_names_file_recipe_and_fix(tmp_path, inputs_dir):
+def test_unknown_deb_version_names_file_recipe_and_fix(tmp_path, inputs_dir, pin_recipe):
     name = "nvidia-cuda-toolkit-gcc_0.0-0_amd64.deb"
-    pins = inputs.collect_pins([_recipe(tmp_path, inputs_dir, name, "0" * 64)])
+    pins = inputs.collect_pins([pin_recipe(name, "0" * 64)])
     with pytest.raises(BuildFailed) as info:
         inputs.fetch(pins, log=lambda *_: None)
     text = str(info.value)
@@ -91,8 +76,8 @@ def test_unknown_deb_version_names_file_recipe_and_fix(tmp_path, inputs_dir):
 
 
 @needs_apt
-def test_wrong_deb_sha256_fails_and_leaves_no_file(tmp_path, inputs_dir):
-    pins = inputs.collect_pins([_recipe(tmp_path, inputs_dir, SMALL_DEB, "0" * 64)])
+def test_wrong_deb_sha256_fails_and_leaves_no_file(tmp_path, inputs_dir, pin_recipe):
+    pins = inputs.collect_pins([pin_recipe(SMALL_DEB, "0" * 64)])
     with pytest.raises(BuildFailed, match=f"{SMALL_DEB}: downloaded sha256 [0-9a-f]{{64}} != pinned 0{{64}}"):
         inputs.fetch(pins, log=lambda *_: None)
     assert list(inputs_dir.iterdir()) == []
