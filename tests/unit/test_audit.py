@@ -503,3 +503,21 @@ print("rc", rc)
     assert out.splitlines()[0].split()[:4] == ["TORCH", "MIN", "ABI3", "NAME"]  # plain text
     assert "abi3audit is not installed" in out and "bundled" in out
     assert "VIOLATIONS" in out and out.rstrip().endswith("rc 1")
+
+
+RECIPE_AUDIT = Path(__file__).resolve().parents[2] / "recipe" / "scripts" / "audit_libs.sh"
+
+
+@pytest.mark.parametrize("require, lib, ok", [
+    ("stable", "unstable", False),       # c10 C++ symbols: never packaged
+    ("stable", "stable212", False),      # shims newer than torch 2.10
+    ("no-torch", "pybind_abi3", False),  # a pybind11 module named .abi3.so
+    ("no-torch", "unstable", False),
+    ("no-torch", "pybind_soabi", True),
+])
+def test_recipe_audit_step_fails_the_package_build(fx, require, lib, ok):
+    """recipe/scripts/audit_libs.sh, as the recipe runs it on every shipped library."""
+    env = dict(os.environ, PYTHON=sys.executable, SRC_DIR=str(RECIPE_AUDIT.parents[2]))
+    proc = subprocess.run(["bash", str(RECIPE_AUDIT), require, str(fx[lib])], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode == 0) == ok, proc.stdout + proc.stderr
