@@ -1,0 +1,13 @@
+// FA2 forward, head dim 128 (sm_75): FwdConfig<128, 128, 32>.
+#include "fa2_fwd_kernel.cuh"
+
+namespace sm7x {
+namespace fa2 {
+
+template <>
+int run_fwd<128>(const FwdParams& p, cudaStream_t stream) {
+  return launch_fwd<FwdConfig<128, 128, 32>>(p, stream);
+}
+
+}  // namespace fa2
+}  // namespace sm7x

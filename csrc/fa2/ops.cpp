@@ -1,0 +1,307 @@
+// The op layer of sm7x's FlashAttention-2 forward for Turing (_fa2_sm75.abi3.so):
+// schemas, validation, device/stream handling and dispatch to the kernels (fa2.h).
+// Written against torch's stable ABI only (TORCH_TARGET_VERSION 2.10), like csrc/core:
+// one build loads in every torch >= 2.10. Each library of the FA2 family registers its
+// own namespace (here sm7x_fa2_sm75), so the sm70 and sm75 libraries can share a process.
+//
+// Every failed check throws (STD_TORCH_CHECK), which torch turns into a Python
+// RuntimeError with the message: it names the op and argument, what was found and the fix.
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "../core/cuda_stream.h"
+#include "fa2.h"
+
+#ifndef SM7X_FA2_ARCH
+#define SM7X_FA2_ARCH "sm75"
+#endif
+
+namespace sm7x {
+namespace fa2 {
+namespace {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+#define FA2_CHECK(cond, op, ...) \
+  STD_TORCH_CHECK(cond, "sm7x.fa2_" SM7X_FA2_ARCH ".", op, ": ", __VA_ARGS__)
+
+std::string shape_str(const Tensor& t) {
+  std::ostringstream oss;
+  oss << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) oss << (i ? ", " : "") << t.size(i);
+  oss << "]";
+  return oss.str();
+}
+
+std::string strides_str(const Tensor& t) {
+  std::ostringstream oss;
+  oss << "(";
+  for (int64_t i = 0; i < t.dim(); ++i) oss << (i ? ", " : "") << t.stride(i);
+  oss << ")";
+  return oss.str();
+}
+
+const char* scalar_name(ScalarType s) {
+  switch (s) {
+    case ScalarType::Float: return "float32";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Double: return "float64";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Int: return "int32";
+    default: return "an unsupported dtype";
+  }
+}
+
+void check_cuda(const char* op, const char* name, const Tensor& t, const Tensor& q) {
+  FA2_CHECK(t.is_cuda(), op, name, " must be a CUDA tensor (sm7x FA2 runs on the GPU only)");
+  FA2_CHECK(t.get_device_index() == q.get_device_index(), op, name, " is on cuda:",
+            t.get_device_index(), " but q is on cuda:", q.get_device_index(),
+            "; move all tensors to one device");
+}
+
+void check_half(const char* op, const char* name, const Tensor& t) {
+  FA2_CHECK(t.scalar_type() == ScalarType::Half, op, name, " has dtype ",
+            scalar_name(t.scalar_type()),
+            "; sm7x FA2 supports float16 only (Volta/Turing have no bf16 tensor cores): "
+            "cast with .half()");
+}
+
+// Last dim contiguous, other strides multiples of 8 elements, data 16-byte aligned: the
+// kernels read and write 16-byte chunks.
+void check_layout(const char* op, const char* name, const Tensor& t) {
+  const int64_t last = t.dim() - 1;
+  FA2_CHECK(t.stride(last) == 1 || t.size(last) <= 1, op, name, " (shape ", shape_str(t),
+            ", strides ", strides_str(t), ") must have a contiguous last dimension; call ",
+            name, ".contiguous() first");
+  bool ok = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+  for (int64_t d = 0; d < last; ++d) ok = ok && (t.size(d) <= 1 || t.stride(d) % 8 == 0);
+  FA2_CHECK(ok, op, name, " (shape ", shape_str(t), ", strides ", strides_str(t),
+            ") must be 16-byte aligned with strides that are multiples of 8 elements; call ",
+            name, ".contiguous() first");
+}
+
+void check_int32(const char* op, const char* what, int64_t v) {
+  FA2_CHECK(v <= std::numeric_limits<int32_t>::max(), op, what, " is ", v,
+            ", larger than the kernels support (2^31 - 1)");
+}
+
+struct Common {
+  int heads, kv_heads, head_dim;
+};
+
+// q/k/v/out with `lead` leading dims before [heads, head_dim].
+Common check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& out, int lead, const char* layout) {
+  const int64_t nd = lead + 2;
+  FA2_CHECK(q.is_cuda(), op, "q must be a CUDA tensor (sm7x FA2 runs on the GPU only)");
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v},
+                      {"out", &out}}) {
+    FA2_CHECK(t->dim() == nd, op, n, " must be ", nd, "-D ", layout, ", got shape ",
+              shape_str(*t));
+    check_cuda(op, n, *t, q);
+    check_half(op, n, *t);
+  }
+  const int64_t hd = q.size(nd - 1);
+  FA2_CHECK(k.size(nd - 1) == hd && v.size(nd - 1) == hd, op,
+            "q, k and v must have the same head dim, got q ", shape_str(q), ", k ",
+            shape_str(k), ", v ", shape_str(v));
+  FA2_CHECK(hd > 0 && hd % 8 == 0 && hd <= 256, op, "head dim ", hd,
+            " is not supported: it must be a multiple of 8 and at most 256 (kernels are "
+            "compiled for 32, 64, 96, 128, 256; other sizes run padded)");
+  const int64_t heads = q.size(nd - 2), kv_heads = k.size(nd - 2);
+  FA2_CHECK(v.size(nd - 2) == kv_heads, op, "k has ", kv_heads, " heads but v has ",
+            v.size(nd - 2), "; they must match");
+  FA2_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, "num_heads (", heads,
+            ") must be a multiple of num_kv_heads (", kv_heads, ") for GQA/MQA");
+  for (int64_t d = 0; d < lead; ++d)
+    FA2_CHECK(k.size(d) == v.size(d), op, "k ", shape_str(k), " and v ", shape_str(v),
+              " must agree in every dim but the last");
+  bool same = true;
+  for (int64_t d = 0; d < nd; ++d) same = same && out.size(d) == q.size(d);
+  FA2_CHECK(same, op, "out has shape ", shape_str(out), " but must have q's shape ",
+            shape_str(q));
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v},
+                      {"out", &out}})
+    check_layout(op, n, *t);
+  check_int32(op, "num_heads", heads);
+  return {static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(hd)};
+}
+
+void check_lse(const char* op, const Tensor& lse, const Tensor& q, int64_t d0, int64_t d1,
+               int64_t d2, int nd, const char* layout) {
+  check_cuda(op, "lse", lse, q);
+  FA2_CHECK(lse.scalar_type() == ScalarType::Float, op, "lse has dtype ",
+            scalar_name(lse.scalar_type()), "; it must be float32");
+  FA2_CHECK(lse.dim() == nd, op, "lse must be ", layout, ", got shape ", shape_str(lse));
+  const bool ok = nd == 3 ? lse.size(0) == d0 && lse.size(1) == d1 && lse.size(2) == d2
+                          : lse.size(0) == d1 && lse.size(1) == d2;
+  FA2_CHECK(ok, op, "lse has shape ", shape_str(lse), " but must be ", layout);
+  FA2_CHECK(lse.stride(nd - 1) == 1 || lse.size(nd - 1) <= 1, op,
+            "lse must have a contiguous last dimension; pass a contiguous tensor");
+}
+
+void check_options(const char* op, double scale, int64_t wl, int64_t wr, double softcap) {
+  FA2_CHECK(std::isfinite(scale) && scale > 0, op, "softmax_scale must be a finite number > 0, got ",
+            scale);
+  FA2_CHECK(wl >= -1 && wr >= -1, op, "window_size must be (left, right) with -1 for "
+            "unbounded and values >= 0 otherwise, got (", wl, ", ", wr, ")");
+  check_int32(op, "window_size[0]", wl);
+  check_int32(op, "window_size[1]", wr);
+  FA2_CHECK(std::isfinite(softcap) && softcap >= 0, op,
+            "softcap must be a finite number >= 0 (0 = off), got ", softcap);
+}
+
+void launch(const char* op, const Tensor& q, const FwdParams& p) {
+  torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
+  void* s = nullptr;
+  FA2_CHECK(sm7x::core::current_cuda_stream(q.get_device_index(), &s), op,
+            "cannot get torch's current CUDA stream (aoti_torch_get_current_cuda_stream was "
+            "not found in the loaded libtorch_cuda.so or failed); sm7x needs a CUDA build of "
+            "torch >= 2.10");
+  const int err = sm7x::fa2::fwd(p, static_cast<cudaStream_t>(s));
+  FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
+}
+
+void fill_strides(FwdParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& out, int lead) {
+  // [.., rows, heads, dim]: lead == 2 -> batch, row; lead == 1 -> row only.
+  const int r = lead - 1;
+  p.q_batch_stride = lead == 2 ? q.stride(0) : 0;
+  p.k_batch_stride = lead == 2 ? k.stride(0) : 0;
+  p.v_batch_stride = lead == 2 ? v.stride(0) : 0;
+  p.o_batch_stride = lead == 2 ? out.stride(0) : 0;
+  p.q_row_stride = q.stride(r);
+  p.k_row_stride = k.stride(r);
+  p.v_row_stride = v.stride(r);
+  p.o_row_stride = out.stride(r);
+  p.q_head_stride = q.stride(r + 1);
+  p.k_head_stride = k.stride(r + 1);
+  p.v_head_stride = v.stride(r + 1);
+  p.o_head_stride = out.stride(r + 1);
+}
+
+void fill_options(FwdParams& p, double scale, bool causal, int64_t wl, int64_t wr,
+                  double softcap) {
+  p.scale = static_cast<float>(scale);
+  p.softcap = static_cast<float>(softcap);
+  p.window_left = static_cast<int>(wl);
+  p.window_right = causal ? (wr < 0 ? 0 : std::min<int64_t>(wr, 0)) : static_cast<int>(wr);
+}
+
+void fwd_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, double softmax_scale,
+            bool causal, int64_t window_left, int64_t window_right, double softcap) {
+  const char* op = "fwd";
+  const Common c = check_qkv(op, q, k, v, out, 2, "[batch, seqlen, num_heads, head_dim]");
+  FA2_CHECK(k.size(0) == q.size(0), op, "q has batch ", q.size(0), " but k has ", k.size(0));
+  const int64_t B = q.size(0), sq = q.size(1), sk = k.size(1);
+  check_lse(op, lse, q, B, c.heads, sq, 3, "[batch, num_heads, seqlen_q]");
+  check_options(op, softmax_scale, window_left, window_right, softcap);
+  check_int32(op, "batch", B);
+  check_int32(op, "seqlen_q", sq);
+  check_int32(op, "seqlen_k", sk);
+  if (B == 0 || sq == 0 || c.heads == 0) return;
+  FA2_CHECK(B <= 65535 && c.heads <= 65535, op, "batch (", B, ") and num_heads (", c.heads,
+            ") must be at most 65535 (CUDA grid limit)");
+  FwdParams p{};
+  p.q = q.const_data_ptr();
+  p.k = k.const_data_ptr();
+  p.v = v.const_data_ptr();
+  p.o = out.mutable_data_ptr();
+  p.lse = static_cast<float*>(lse.mutable_data_ptr());
+  fill_strides(p, q, k, v, out, 2);
+  p.lse_batch_stride = lse.stride(0);
+  p.lse_head_stride = lse.stride(1);
+  p.batch = static_cast<int>(B);
+  p.heads = c.heads;
+  p.kv_heads = c.kv_heads;
+  p.seqlen_q = static_cast<int>(sq);
+  p.seqlen_k = static_cast<int>(sk);
+  p.head_dim = c.head_dim;
+  fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
+  launch(op, q, p);
+}
+
+void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
+                   Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                   double softmax_scale, bool causal, int64_t window_left,
+                   int64_t window_right, double softcap) {
+  const char* op = "fwd_varlen";
+  const Common c = check_qkv(op, q, k, v, out, 1, "[total_tokens, num_heads, head_dim]");
+  const int64_t total_q = q.size(0);
+  check_lse(op, lse, q, 0, c.heads, total_q, 2, "[num_heads, total_q]");
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"cu_seqlens_q", &cu_seqlens_q},
+                      {"cu_seqlens_k", &cu_seqlens_k}}) {
+    check_cuda(op, n, *t, q);
+    FA2_CHECK(t->scalar_type() == ScalarType::Int, op, n, " has dtype ",
+              scalar_name(t->scalar_type()), "; it must be int32 (cast with .int())");
+    FA2_CHECK(t->dim() == 1 && t->size(0) >= 1, op, n, " must be 1-D [batch + 1], got shape ",
+              shape_str(*t));
+    FA2_CHECK(t->is_contiguous(), op, n, " must be contiguous");
+  }
+  FA2_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0), op, "cu_seqlens_q has ",
+            cu_seqlens_q.size(0), " entries but cu_seqlens_k has ", cu_seqlens_k.size(0),
+            "; both must be [batch + 1]");
+  FA2_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, op, "max_seqlen_q/max_seqlen_k must be >= 0");
+  check_options(op, softmax_scale, window_left, window_right, softcap);
+  check_int32(op, "total_q", total_q);
+  check_int32(op, "total_k", k.size(0));
+  check_int32(op, "max_seqlen_q", max_seqlen_q);
+  const int64_t B = cu_seqlens_q.size(0) - 1;
+  if (B == 0 || max_seqlen_q == 0 || total_q == 0 || c.heads == 0) return;
+  FA2_CHECK(B <= 65535 && c.heads <= 65535, op, "batch (", B, ") and num_heads (", c.heads,
+            ") must be at most 65535 (CUDA grid limit)");
+  FwdParams p{};
+  p.q = q.const_data_ptr();
+  p.k = k.const_data_ptr();
+  p.v = v.const_data_ptr();
+  p.o = out.mutable_data_ptr();
+  p.lse = static_cast<float*>(lse.mutable_data_ptr());
+  fill_strides(p, q, k, v, out, 1);
+  p.lse_batch_stride = 0;
+  p.lse_head_stride = lse.stride(0);
+  p.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q.const_data_ptr());
+  p.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k.const_data_ptr());
+  p.batch = static_cast<int>(B);
+  p.heads = c.heads;
+  p.kv_heads = c.kv_heads;
+  p.seqlen_q = static_cast<int>(max_seqlen_q);
+  p.seqlen_k = static_cast<int>(max_seqlen_k);
+  p.head_dim = c.head_dim;
+  fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
+  launch(op, q, p);
+}
+
+}  // namespace
+}  // namespace fa2
+}  // namespace sm7x
+
+STABLE_TORCH_LIBRARY(sm7x_fa2_sm75, m) {
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, float softmax_scale, "
+      "bool causal, int window_left, int window_right, float softcap) -> ()");
+  m.def(
+      "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, "
+      "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+      "float softmax_scale, bool causal, int window_left, int window_right, float softcap) -> ()");
+}
+
+// CPU too, only so that CPU tensors get the op's own message ("must be a CUDA tensor")
+// instead of torch's "could not run ... with arguments from the 'CPU' backend".
+#define SM7X_FA2_IMPLS(m)                                  \
+  m.impl("fwd", TORCH_BOX(&sm7x::fa2::fwd_op));            \
+  m.impl("fwd_varlen", TORCH_BOX(&sm7x::fa2::fwd_varlen_op))
+
+STABLE_TORCH_LIBRARY_IMPL(sm7x_fa2_sm75, CUDA, m) { SM7X_FA2_IMPLS(m); }
+STABLE_TORCH_LIBRARY_IMPL(sm7x_fa2_sm75, CPU, m) { SM7X_FA2_IMPLS(m); }

@@ -1,0 +1,236 @@
+"""sm7x FlashAttention-2 forward for Volta/Turing, with flash-attn's Python API.
+
+``flash_attn_func(q, k, v, ...)`` on ``[batch, seqlen, num_heads, head_dim]`` and
+``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+max_seqlen_k, ...)`` on packed ``[total_tokens, num_heads, head_dim]`` take flash-attn
+2.x's names, shapes and defaults. Supported: float16; head dims that are multiples of 8 up
+to 256 (kernels compiled for 32, 64, 96, 128, 256; other sizes run padded); causal
+(bottom-right aligned when seqlen_q != seqlen_k, as flash-attn >= 2.1); sliding window;
+softcap; GQA/MQA (num_heads a multiple of num_kv_heads). Not supported: dropout (inference
+kernels: dropout_p must be 0), ALiBi, paged KV (block_table), backward.
+
+The library is chosen per call from the capability of the input tensor's device (see
+:func:`sm7x._select.select_fa2_library`; ``SM7X_FA2_FORCE=sm75`` forces one, e.g. to
+test on newer GPUs) and loaded on first use, once per process.
+
+This module imports torch; ``import sm7x`` does not import it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+try:
+    import torch
+except ImportError as exc:
+    raise ImportError(
+        "sm7x.fa2 needs PyTorch >= 2.10, which is not installed in this environment: "
+        "conda install pytorch (or: pixi add pytorch)"
+    ) from exc
+
+from .. import _select
+from . import _loader
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "MAX_HEAD_DIM", "COMPILED_HEAD_DIMS"]
+
+MAX_HEAD_DIM = 256
+COMPILED_HEAD_DIMS = (32, 64, 96, 128, 256)
+SUPPORTED_HEAD_DIMS = tuple(range(8, MAX_HEAD_DIM + 1, 8))
+
+_dev_lock = threading.Lock()
+_devices: dict[int, _select.Device] = {}
+
+
+def _device_info(device: torch.device) -> _select.Device:
+    """The selection rules' view of a CUDA device (cached per index)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    dev = _devices.get(index)
+    if dev is None:
+        with _dev_lock:
+            dev = _devices.get(index)
+            if dev is None:
+                dev = _select.Device(index, torch.cuda.get_device_name(index),
+                                     tuple(torch.cuda.get_device_capability(index)))
+                _devices[index] = dev
+    return dev
+
+
+def _ops_for(t: torch.Tensor):
+    """The op namespace for the device of ``t``: selection per call, load once."""
+    dev = _device_info(t.device)
+    selection = _select.select_fa2_library(dev)
+    return getattr(torch.ops, _loader.load(selection, dev))
+
+
+# ---------------------------------------------------------------------------------------
+# Validation (all before any library is loaded, so errors need no GPU).
+
+
+def _check_tensor(name: str, t, fn: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"sm7x.fa2.{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float16:
+        raise _select.dtype_error(str(t.dtype).replace("torch.", ""))
+
+
+def _check_unsupported(fn: str, dropout_p, alibi_slopes, block_table=None) -> None:
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"sm7x.fa2.{fn}: dropout is not supported (inference kernels, forward only); "
+            f"pass dropout_p=0.0 (got {dropout_p})"
+        )
+    if alibi_slopes is not None:
+        raise NotImplementedError(
+            f"sm7x.fa2.{fn}: ALiBi is not supported; pass alibi_slopes=None (or use "
+            f"torch.nn.functional.scaled_dot_product_attention with an explicit bias)"
+        )
+    if block_table is not None:
+        raise NotImplementedError(
+            f"sm7x.fa2.{fn}: paged KV (block_table) is not supported yet; pass "
+            f"block_table=None with contiguous k/v"
+        )
+
+
+def _check_qkv(fn: str, q, k, v, nd: int, layout: str) -> tuple[int, int, int]:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t, fn)
+        if t.dim() != nd:
+            raise ValueError(f"sm7x.fa2.{fn}: {name} must be {nd}-D {layout}, got shape "
+                             f"{tuple(t.shape)}")
+    hd = q.shape[-1]
+    if k.shape[-1] != hd or v.shape[-1] != hd:
+        raise ValueError(
+            f"sm7x.fa2.{fn}: q, k and v must have the same head_dim, got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if hd not in SUPPORTED_HEAD_DIMS:
+        raise _select.head_dim_error(hd, SUPPORTED_HEAD_DIMS)
+    if k.shape != v.shape:
+        raise ValueError(f"sm7x.fa2.{fn}: k {tuple(k.shape)} and v {tuple(v.shape)} must have "
+                         f"the same shape")
+    heads, kv_heads = q.shape[-2], k.shape[-2]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(
+            f"sm7x.fa2.{fn}: num_heads ({heads}) must be a multiple of num_kv_heads "
+            f"({kv_heads}) (GQA/MQA)"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"sm7x.fa2.{fn}: q, k, v are on {q.device}, {k.device}, {v.device}; "
+                         f"move them to one device")
+    return heads, kv_heads, hd
+
+
+def _check_options(fn: str, softmax_scale, hd: int, causal, window_size, softcap):
+    if softmax_scale is None:
+        softmax_scale = hd ** -0.5
+    softmax_scale = float(softmax_scale)
+    if not (softmax_scale > 0 and softmax_scale != float("inf")):
+        raise ValueError(f"sm7x.fa2.{fn}: softmax_scale must be a finite number > 0, got "
+                         f"{softmax_scale}")
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"sm7x.fa2.{fn}: window_size must be a pair (left, right) of ints, "
+                         f"got {window_size!r}") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"sm7x.fa2.{fn}: window_size values must be >= 0, or -1 for "
+                         f"unbounded, got {window_size!r}")
+    softcap = float(softcap)
+    if not (softcap >= 0 and softcap != float("inf")):
+        raise ValueError(f"sm7x.fa2.{fn}: softcap must be a finite number >= 0 (0 = off), "
+                         f"got {softcap}")
+    if causal:
+        right = 0
+    return softmax_scale, bool(causal), left, right, softcap
+
+
+def _check_cuda(fn: str, q) -> None:
+    if q.device.type != "cuda":
+        raise ValueError(
+            f"sm7x.fa2.{fn}: inputs are on {q.device}; sm7x FA2 runs on CUDA tensors only "
+            f"(move them with .cuda(), or use torch.nn.functional.scaled_dot_product_attention "
+            f"on CPU)"
+        )
+
+
+def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read 16-byte chunks: last dim contiguous, other strides multiples of 8."""
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+        s % 8 == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n > 1)
+    return t if ok else t.contiguous()
+
+
+# ---------------------------------------------------------------------------------------
+# API (flash-attn 2.x names and shapes).
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    deterministic=False, return_attn_probs=False):
+    """Attention over ``q [batch, seqlen_q, num_heads, head_dim]``, ``k``/``v``
+    ``[batch, seqlen_k, num_kv_heads, head_dim]`` (fp16, CUDA).
+
+    Returns ``out [batch, seqlen_q, num_heads, head_dim]``; with ``return_attn_probs``
+    ``(out, softmax_lse [batch, num_heads, seqlen_q] fp32, None)`` (no dropout, so no
+    S_dmask). Rows that see no key (causal with seqlen_q > seqlen_k, windows) give 0
+    and lse = +inf. ``deterministic`` is accepted: the forward always is.
+    """
+    fn = "flash_attn_func"
+    _check_unsupported(fn, dropout_p, alibi_slopes)
+    heads, kv_heads, hd = _check_qkv(fn, q, k, v, 4, "[batch, seqlen, num_heads, head_dim]")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"sm7x.fa2.{fn}: q has batch {q.shape[0]} but k has {k.shape[0]}")
+    scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
+                                                         window_size, softcap)
+    _check_cuda(fn, q)
+    ops = _ops_for(q)
+    q, k, v = (_kernel_layout(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32, device=q.device)
+    ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """Attention over packed sequences: ``q [total_q, num_heads, head_dim]``, ``k``/``v``
+    ``[total_k, num_kv_heads, head_dim]``; sequence ``i`` is ``q[cu_seqlens_q[i]:
+    cu_seqlens_q[i+1]]`` (int32 ``[batch + 1]``). ``max_seqlen_q``/``max_seqlen_k`` must
+    be at least the longest sequence (they size the grid). Returns ``out [total_q,
+    num_heads, head_dim]``; with ``return_attn_probs`` ``(out, softmax_lse [num_heads,
+    total_q] fp32, None)``.
+    """
+    fn = "flash_attn_varlen_func"
+    _check_unsupported(fn, dropout_p, alibi_slopes, block_table)
+    heads, kv_heads, hd = _check_qkv(fn, q, k, v, 3, "[total_tokens, num_heads, head_dim]")
+    for name, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(c, torch.Tensor):
+            raise TypeError(f"sm7x.fa2.{fn}: {name} must be a torch.Tensor, got "
+                            f"{type(c).__name__}")
+        if c.dtype != torch.int32:
+            raise TypeError(f"sm7x.fa2.{fn}: {name} has dtype {c.dtype}; it must be "
+                            f"torch.int32 (cast with .int())")
+        if c.dim() != 1 or c.shape[0] < 1:
+            raise ValueError(f"sm7x.fa2.{fn}: {name} must be 1-D [batch + 1], got shape "
+                             f"{tuple(c.shape)}")
+        if c.device != q.device:
+            raise ValueError(f"sm7x.fa2.{fn}: {name} is on {c.device} but q is on "
+                             f"{q.device}; move it with .to(q.device)")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"sm7x.fa2.{fn}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and "
+                         f"cu_seqlens_k {tuple(cu_seqlens_k.shape)} must both be [batch + 1]")
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    if max_seqlen_q < 0 or max_seqlen_k < 0:
+        raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_q/max_seqlen_k must be >= 0")
+    scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
+                                                         window_size, softcap)
+    _check_cuda(fn, q)
+    ops = _ops_for(q)
+    q, k, v = (_kernel_layout(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)
+    ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+                   max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap)
+    return (out, lse, None) if return_attn_probs else out

@@ -1,0 +1,100 @@
+"""Finds and loads sm7x's FlashAttention-2 libraries (``_fa2_sm70.abi3.so``,
+``_fa2_sm75.abi3.so``), one per arch, each at most once per process (thread-safe).
+
+Which library a device uses is decided by :func:`sm7x._select.select_fa2_library` (per
+call, on the input tensor's device); where it lies by :func:`sm7x._select.library_path`
+(``$SM7X_LIBRARY_PATH`` first, then the installed ``sm7x/fa2/``; never the working
+directory). Each library registers its own op namespace (``torch.ops.sm7x_fa2_sm75``...),
+so both can live in one process. The log line names the file, the device and its
+capability.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from .. import _select
+
+log = logging.getLogger("sm7x")
+
+_lock = threading.Lock()
+_loaded: dict[str, Path] = {}  # arch -> path
+_PROBE_OP = "fwd"
+
+
+def loaded() -> dict[str, Path]:
+    """The FA2 libraries this process loaded so far: arch -> path."""
+    return dict(_loaded)
+
+
+def _registered(torch, namespace: str) -> bool:
+    try:
+        getattr(getattr(torch.ops, namespace), _PROBE_OP)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _register_fakes(torch, namespace: str) -> None:
+    # The ops write their (a!)/(b!) outputs and return nothing: the fakes only must exist
+    # (torch.compile / meta tensors).
+    def fake_fwd(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap):
+        return None
+
+    def fake_fwd_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                        softcap):
+        return None
+
+    for name, fn in (("fwd", fake_fwd), ("fwd_varlen", fake_fwd_varlen)):
+        try:
+            torch.library.register_fake(f"{namespace}::{name}")(fn)
+        except RuntimeError as exc:
+            if "already" not in str(exc):
+                raise
+
+
+def load(selection: _select.Selection, device: _select.Device) -> str:
+    """Loads the library of ``selection`` (or its fallback arch) once; returns the
+    torch op namespace to call. Raises sm7x._select.MissingLibraryError when neither is
+    installed."""
+    for arch in (selection.arch, selection.fallback):
+        if arch is not None and arch in _loaded:
+            return f"sm7x_fa2_{arch}"
+    with _lock:
+        for arch in (selection.arch, selection.fallback):
+            if arch is not None and arch in _loaded:
+                return f"sm7x_fa2_{arch}"
+        import torch
+
+        for arch in (selection.arch, selection.fallback):
+            if arch is None:
+                continue
+            namespace = f"sm7x_fa2_{arch}"
+            path = _select.library_path(arch)
+            if path is None:
+                if _registered(torch, namespace):  # loaded by hand (torch.ops.load_library)
+                    _register_fakes(torch, namespace)
+                    _loaded[arch] = Path(f"<{namespace} ops registered outside sm7x>")
+                    return namespace
+                continue
+            if _registered(torch, namespace):
+                log.info("sm7x: torch.ops.%s already registered; not loading %s", namespace, path)
+            else:
+                try:
+                    torch.ops.load_library(str(path))
+                except OSError as exc:
+                    raise _select.MissingLibraryError(
+                        f"cannot load {path} into torch {torch.__version__}: {exc}. The "
+                        f"library needs torch >= 2.10 (it uses torch's stable ABI); upgrade "
+                        f"torch or reinstall {_select.package_name(arch)}"
+                    ) from exc
+                major, minor = device.capability
+                log.info("sm7x: loaded %s for %s (compute capability %d.%d): %s", path,
+                         device.describe(), major, minor, selection.reason)
+            _register_fakes(torch, namespace)
+            _loaded[arch] = path
+            return namespace
+        raise _select.missing_library_error(selection, device)

@@ -1,0 +1,213 @@
+"""sm7x FA2 forward (sm75 library) on a GPU, against a float32 reference.
+
+Marked `gpu`; skipped without CUDA or without the library. On GPUs newer than Turing the
+sm75 library must be forced (SM7X_FA2_FORCE=sm75: its compute_75 PTX is JIT-compiled),
+which is how it is tested on the H200. The worst errors are printed at the end (-s) and
+written to $FA2_ERRORS_OUT when set.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
+if not torch.cuda.is_available():
+    pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+
+from sm7x import _select  # noqa: E402
+
+if _select.library_path("sm75") is None:
+    pytest.skip("_fa2_sm75.abi3.so is not installed (set SM7X_LIBRARY_PATH to a build)",
+                allow_module_level=True)
+if torch.cuda.get_device_capability() >= (8, 0) and os.environ.get(_select.FORCE_ENV) != "sm75":
+    pytest.skip(f"GPU newer than Turing: set {_select.FORCE_ENV}=sm75 to test the sm75 "
+                f"kernels through their PTX", allow_module_level=True)
+
+from sm7x.fa2 import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+WORST: dict[str, float] = {}
+
+
+def _record(key: str, err: float) -> None:
+    WORST[key] = max(WORST.get(key, 0.0), err)
+
+
+def reference(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0):
+    """float32 attention with bottom-right aligned masks; rows without keys: 0, lse +inf."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))  # [b, h, s, d]
+    if hk != h:
+        kf = kf.repeat_interleave(h // hk, dim=1)
+        vf = vf.repeat_interleave(h // hk, dim=1)
+    s = qf @ kf.transpose(-1, -2)
+    if softcap > 0:
+        s = softcap * torch.tanh(s * scale / softcap)
+    else:
+        s = s * scale
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=q.device)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        ok &= j <= i + right
+    if left >= 0:
+        ok &= j >= i - left
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # [b, h, sq]; -inf for empty rows
+    p = torch.exp(s - lse[..., None])
+    p = torch.nan_to_num(p, nan=0.0)
+    out = (p @ vf).transpose(1, 2)
+    lse = torch.where(torch.isinf(lse), torch.full_like(lse, float("inf")), lse)
+    return out, lse
+
+
+def _compare(tag, out, lse, ref_out, ref_lse, atol=4e-3):
+    assert torch.isfinite(out).all(), f"{tag}: non-finite output"
+    err = (out.float() - ref_out).abs().max().item() if out.numel() else 0.0
+    _record(f"out {tag}", err)
+    assert err <= atol, f"{tag}: max |out - ref| = {err}"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isinf(lse), ~finite), f"{tag}: lse +inf rows differ"
+    if finite.any():
+        lerr = (lse[finite] - ref_lse[finite]).abs().max().item()
+        _record(f"lse {tag}", lerr)
+        assert lerr <= 1e-3, f"{tag}: max |lse - ref| = {lerr}"
+
+
+def _qkv(b, sq, sk, h, hk, d, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.float16, generator=g)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.float16, generator=g)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.float16, generator=g)
+    return q, k, v
+
+
+SEQS = [(1, 1), (8, 8), (333, 333), (1024, 1024), (1, 1024), (8, 333), (333, 1024),
+        (1024, 333)]
+
+
+@pytest.mark.parametrize("d", [64, 128, 32, 96, 256, 40, 200])
+@pytest.mark.parametrize("sq,sk", SEQS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_fwd_matches_reference(d, sq, sk, causal, group):
+    h = 8
+    q, k, v = _qkv(2, sq, sk, h, h // group, d, seed=sq * 7 + sk + d)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    ref_out, ref_lse = reference(q, k, v, d ** -0.5, causal)
+    _compare(f"d={d}", out, lse, ref_out, ref_lse)
+
+
+def test_sdpa_agreement_and_scale():
+    q, k, v = _qkv(2, 500, 500, 8, 8, 128, seed=3)
+    for causal in (False, True):
+        out = flash_attn_func(q, k, v, causal=causal, softmax_scale=0.05)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+            scale=0.05).transpose(1, 2)
+        ref, _ = reference(q, k, v, 0.05, causal)
+        err = (out.float() - ref).abs().max().item()
+        serr = (sdpa.float() - ref).abs().max().item()
+        _record("out sdpa-case ours", err)
+        _record("out sdpa-case torch SDPA (for comparison)", serr)
+        assert err <= 4e-3
+
+
+@pytest.mark.parametrize("window", [(16, 0), (100, 50), (-1, 7), (0, 0), (300, -1)])
+@pytest.mark.parametrize("sq,sk", [(333, 333), (200, 600), (600, 200)])
+def test_sliding_window(window, sq, sk):
+    q, k, v = _qkv(2, sq, sk, 4, 2, 64, seed=11)
+    out, lse, _ = flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
+    ref_out, ref_lse = reference(q, k, v, 64 ** -0.5, False, window)
+    _compare("window", out, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap(causal):
+    q, k, v = _qkv(2, 257, 300, 4, 4, 128, seed=5)
+    q = q * 3
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, softcap=30.0, return_attn_probs=True)
+    ref_out, ref_lse = reference(q, k, v, 128 ** -0.5, causal, softcap=30.0)
+    _compare("softcap", out, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen(d, causal):
+    lens_q = [1, 77, 300, 8, 513]
+    lens_k = [1, 77, 300, 40, 700]
+    h, hk = 8, 2
+    g = torch.Generator(device="cuda").manual_seed(d)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq, h, d, device="cuda", dtype=torch.float16, generator=g)
+    k = torch.randn(tk, hk, d, device="cuda", dtype=torch.float16, generator=g)
+    v = torch.randn(tk, hk, d, device="cuda", dtype=torch.float16, generator=g)
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                         causal=causal, return_attn_probs=True)
+    assert lse.shape == (h, tq)
+    for i in range(len(lens_q)):
+        a, b_ = cu_q[i].item(), cu_q[i + 1].item()
+        c, e = cu_k[i].item(), cu_k[i + 1].item()
+        ro, rl = reference(q[None, a:b_], k[None, c:e], v[None, c:e], d ** -0.5, causal)
+        _compare(f"varlen d={d}", out[a:b_][None], lse[:, a:b_][None], ro, rl)
+
+
+def test_strided_inputs_from_packed_qkv():
+    qkv = torch.randn(2, 300, 3, 8, 64, device="cuda", dtype=torch.float16)
+    q, k, v = qkv.unbind(2)
+    out = flash_attn_func(q, k, v, causal=True)
+    ref, _ = reference(q, k, v, 64 ** -0.5, True)
+    assert (out.float() - ref).abs().max().item() <= 4e-3
+    # a layout the kernels cannot read directly (odd stride) is copied first
+    x = torch.randn(2, 100, 8, 72, device="cuda", dtype=torch.float16)[..., :64]
+    out = flash_attn_func(x, x, x)
+    ref, _ = reference(x, x, x, 64 ** -0.5)
+    assert (out.float() - ref).abs().max().item() <= 4e-3
+
+
+def test_uses_current_stream_and_graphs():
+    q, k, v = _qkv(1, 128, 128, 2, 2, 64, seed=9)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out = flash_attn_func(q, k, v)
+    s.synchronize()
+    ref, _ = reference(q, k, v, 64 ** -0.5)
+    assert (out.float() - ref).abs().max().item() <= 4e-3
+
+
+def test_op_validation_messages():
+    q, k, v = _qkv(1, 16, 16, 4, 4, 64)
+    flash_attn_func(q, k, v)  # loads the library
+    ns = getattr(torch.ops, "sm7x_fa2_sm75")
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 4, 16, device="cuda")
+    with pytest.raises(RuntimeError, match="float16 only"):
+        ns.fwd(q.float(), k, v, out, lse, 0.1, False, -1, -1, 0.0)
+    with pytest.raises(RuntimeError, match="lse has shape"):
+        ns.fwd(q, k, v, out, lse[:, :2], 0.1, False, -1, -1, 0.0)
+    with pytest.raises(RuntimeError, match="multiple of num_kv_heads"):
+        ns.fwd(q, k[:, :, :3], v[:, :, :3], out, lse, 0.1, False, -1, -1, 0.0)
+    with pytest.raises(RuntimeError, match="softmax_scale"):
+        ns.fwd(q, k, v, out, lse, -1.0, False, -1, -1, 0.0)
+
+
+def test_zz_report_worst_errors():
+    lines = [f"{key}: {err:.3e}" for key, err in sorted(WORST.items())]
+    text = "\n".join(lines)
+    print("\nworst errors vs float32 reference:\n" + text)
+    path = os.environ.get("FA2_ERRORS_OUT")
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")

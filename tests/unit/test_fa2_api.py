@@ -1,0 +1,236 @@
+"""sm7x.fa2's Python API without a GPU: argument validation (all before any library is
+loaded) and the per-call dispatch to a library through sm7x._select's rules."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="sm7x.fa2 needs torch >= 2.10")
+
+import sm7x.fa2 as fa2  # noqa: E402
+from sm7x import _select  # noqa: E402
+from sm7x.fa2 import _loader, flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+
+def qkv(b=2, sq=16, sk=16, h=4, hk=4, d=64, dtype=torch.float16):
+    return (torch.zeros(b, sq, h, d, dtype=dtype), torch.zeros(b, sk, hk, d, dtype=dtype),
+            torch.zeros(b, sk, hk, d, dtype=dtype))
+
+
+def varlen(total=20, h=4, hk=4, d=64):
+    q = torch.zeros(total, h, d, dtype=torch.float16)
+    k = torch.zeros(total, hk, d, dtype=torch.float16)
+    cu = torch.tensor([0, 5, total], dtype=torch.int32)
+    return q, k, k.clone(), cu, cu.clone()
+
+
+@pytest.fixture(autouse=True)
+def no_load(monkeypatch):
+    """Any attempt to load a library fails the test: validation must come first."""
+    def boom(*a, **kw):
+        raise AssertionError("a library was loaded before validation finished")
+    monkeypatch.setattr(_loader, "load", boom)
+
+
+def test_import_sm7x_does_not_import_fa2_or_torch():
+    code = "import sys, sm7x; assert 'torch' not in sys.modules; assert 'sm7x.fa2' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dtype_error(dtype):
+    with pytest.raises(TypeError, match="float16 only.*half"):
+        flash_attn_func(*qkv(dtype=dtype))
+
+
+def test_dropout_and_alibi_refused():
+    with pytest.raises(NotImplementedError, match="dropout_p=0.0"):
+        flash_attn_func(*qkv(), dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="alibi_slopes=None"):
+        flash_attn_func(*qkv(), alibi_slopes=torch.ones(4))
+    with pytest.raises(NotImplementedError, match="block_table"):
+        flash_attn_varlen_func(*varlen(), 15, 15, block_table=torch.zeros(1, 1))
+
+
+@pytest.mark.parametrize("d", [12, 260, 512])
+def test_head_dim_error(d):
+    with pytest.raises(ValueError, match=f"no kernel for head_dim={d}; supported head dims: 8, 16"):
+        flash_attn_func(*qkv(d=d))
+
+
+def test_head_dim_padding_hint():
+    with pytest.raises(ValueError, match="zero-pad q, k, v to 104"):
+        flash_attn_func(*qkv(d=100))
+
+
+def test_shapes():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="4-D"):
+        flash_attn_func(q[0], k, v)
+    with pytest.raises(ValueError, match="same head_dim"):
+        flash_attn_func(q, k[..., :32], v)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        flash_attn_func(*qkv(h=4, hk=3))
+    with pytest.raises(ValueError, match="batch"):
+        flash_attn_func(q, k[:1], v[:1])
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        flash_attn_func(q.numpy(), k, v)
+
+
+def test_options():
+    with pytest.raises(ValueError, match="softmax_scale"):
+        flash_attn_func(*qkv(), softmax_scale=-1.0)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_func(*qkv(), window_size=(-2, 0))
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_func(*qkv(), window_size=5)
+    with pytest.raises(ValueError, match="softcap"):
+        flash_attn_func(*qkv(), softcap=-1.0)
+
+
+def test_cpu_tensors_refused_before_loading():
+    with pytest.raises(ValueError, match="CUDA tensors only"):
+        flash_attn_func(*qkv())
+    with pytest.raises(ValueError, match="CUDA tensors only"):
+        flash_attn_varlen_func(*varlen(), 15, 15)
+
+
+def test_varlen_validation():
+    q, k, v, cq, ck = varlen()
+    with pytest.raises(TypeError, match="int32"):
+        flash_attn_varlen_func(q, k, v, cq.long(), ck, 15, 15)
+    with pytest.raises(ValueError, match=r"\[batch \+ 1\]"):
+        flash_attn_varlen_func(q, k, v, cq, ck[:2], 15, 15)
+    with pytest.raises(ValueError, match="3-D"):
+        flash_attn_varlen_func(q[None], k, v, cq, ck, 15, 15)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        flash_attn_varlen_func(q, k, v, cq, ck, -1, 15)
+
+
+# ---------------------------------------------------------------------------------------
+# Dispatch: the library is chosen per call from the input tensor's device.
+
+T4 = _select.Device(1, "Tesla T4", (7, 5))
+V100 = _select.Device(0, "Tesla V100-SXM2-32GB", (7, 0))
+H200 = _select.Device(2, "NVIDIA H200", (9, 0))
+
+
+def test_ops_for_selects_per_device(monkeypatch):
+    seen = []
+    devices = {0: V100, 1: T4, 2: H200}
+    monkeypatch.setattr(fa2, "_device_info", lambda dev: devices[dev.index])
+    monkeypatch.setattr(_loader, "load",
+                        lambda sel, dev: seen.append((sel.arch, dev.index)) or "sm7x_fa2_x")
+    monkeypatch.setattr(torch, "ops", type("Ops", (), {"sm7x_fa2_x": "NS"})())
+    monkeypatch.delenv(_select.FORCE_ENV, raising=False)
+
+    class FakeT:
+        def __init__(self, i):
+            self.device = torch.device("cuda", i)
+
+    assert fa2._ops_for(FakeT(1)) == "NS"
+    assert fa2._ops_for(FakeT(0)) == "NS"
+    assert seen == [("sm75", 1), ("sm70", 0)]
+    with pytest.raises(_select.UnsupportedDeviceError, match="SM7X_FA2_FORCE=sm75"):
+        fa2._ops_for(FakeT(2))
+    monkeypatch.setenv(_select.FORCE_ENV, "sm75")
+    fa2._ops_for(FakeT(2))
+    assert seen[-1] == ("sm75", 2)
+
+
+def test_loader_missing_library_names_package(monkeypatch, tmp_path):
+    monkeypatch.undo()  # the real loader
+    monkeypatch.setattr(_select, "library_path", lambda arch: None)
+    monkeypatch.setattr(_loader, "_loaded", {})
+    sel = _select.select_fa2_library(T4)
+    with pytest.raises(_select.MissingLibraryError, match="sm7x-fa2-sm75"):
+        _loader.load(sel, T4)
+
+
+def test_loader_loads_once_thread_safe(monkeypatch, tmp_path, caplog):
+    monkeypatch.undo()
+    lib = tmp_path / "_fa2_sm75.abi3.so"
+    lib.write_bytes(b"")
+    monkeypatch.setenv(_select.LIBRARY_PATH_ENV, str(tmp_path))
+    monkeypatch.setattr(_loader, "_loaded", {})
+    monkeypatch.setattr(_loader, "_registered", lambda torch, ns: False)
+    monkeypatch.setattr(_loader, "_register_fakes", lambda torch, ns: None)
+    calls = []
+    monkeypatch.setattr(torch.ops, "load_library", lambda p: calls.append(p))
+    sel = _select.select_fa2_library(T4)
+    caplog.set_level(logging.INFO, logger="sm7x")
+    threads = [threading.Thread(target=_loader.load, args=(sel, T4)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [str(lib)]
+    assert _loader.load(sel, T4) == "sm7x_fa2_sm75"
+    msg = caplog.text
+    assert str(lib) in msg and "cuda:1 (Tesla T4" in msg and "7.5" in msg
+
+
+def test_loader_falls_back_to_sm70_on_turing(monkeypatch, tmp_path):
+    monkeypatch.undo()
+    lib = tmp_path / "_fa2_sm70.abi3.so"
+    lib.write_bytes(b"")
+    monkeypatch.setenv(_select.LIBRARY_PATH_ENV, str(tmp_path))
+    monkeypatch.setattr(_select, "library_path",
+                        lambda arch: lib if arch == "sm70" else None)
+    monkeypatch.setattr(_loader, "_loaded", {})
+    monkeypatch.setattr(_loader, "_registered", lambda torch, ns: False)
+    monkeypatch.setattr(_loader, "_register_fakes", lambda torch, ns: None)
+    monkeypatch.setattr(torch.ops, "load_library", lambda p: None)
+    assert _loader.load(_select.select_fa2_library(T4), T4) == "sm7x_fa2_sm70"
+
+
+# ---------------------------------------------------------------------------------------
+# The built library (skipped when none is found): loads in a CPU-only torch, defines the
+# schemas, refuses CPU tensors with its own message, has fake kernels, links no CUDA torch.
+
+def _built_library():
+    path = _select.library_path("sm75")
+    if path is None:
+        pytest.skip("_fa2_sm75.abi3.so not found (set SM7X_LIBRARY_PATH to a build)")
+    return path
+
+
+def test_built_library_in_cpu_torch():
+    path = _built_library()
+    code = f"""
+import torch
+torch.ops.load_library({str(path)!r})
+ns = torch.ops.sm7x_fa2_sm75
+s = str(ns.fwd.default._schema)
+assert "Tensor(a!) out" in s and "float softcap" in s, s
+assert "cu_seqlens_q" in str(ns.fwd_varlen.default._schema)
+q = torch.zeros(1, 4, 2, 64, dtype=torch.half)
+try:
+    ns.fwd(q, q, q, q.clone(), torch.zeros(1, 2, 4), 0.1, False, -1, -1, 0.0)
+except RuntimeError as e:
+    assert "must be a CUDA tensor" in str(e), e
+else:
+    raise AssertionError("CPU tensors were accepted")
+from sm7x.fa2 import _loader
+_loader._register_fakes(torch, "sm7x_fa2_sm75")
+m = q.to("meta")
+ns.fwd(m, m, m, m.clone(), torch.empty(1, 2, 4, device="meta"), 0.1, True, -1, -1, 0.0)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_built_library_needs_no_cuda_torch_or_cudart():
+    path = _built_library()
+    elftools = pytest.importorskip("elftools.elf.elffile")
+    with open(path, "rb") as f:
+        dyn = elftools.ELFFile(f).get_section_by_name(".dynamic")
+        needed = [t.needed for t in dyn.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+    assert "libtorch_cpu.so" in needed
+    assert not [n for n in needed if "cuda" in n or "c10" in n], needed
