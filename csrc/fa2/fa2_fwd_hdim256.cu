@@ -1,4 +1,4 @@
-// FA2 forward, head dim 256 (sm_75): FwdConfig<256, 64, 16>.
+// FA2 forward, head dim 256 (sm_75): FwdConfig<256, 64, 16, KvPrefetch::kStaged>.
 #include "fa2_fwd_kernel.cuh"
 
 namespace sm7x {
@@ -6,7 +6,7 @@ namespace fa2 {
 
 template <>
 int run_fwd<256>(const FwdParams& p, cudaStream_t stream) {
-  return launch_fwd<FwdConfig<256, 64, 16>>(p, stream);
+  return launch_fwd<FwdConfig<256, 64, 16, KvPrefetch::kStaged>>(p, stream);
 }
 
 }  // namespace fa2

@@ -14,7 +14,7 @@
 //                   ldmatrix.trans.
 // Turing has no cp.async: the next tiles are fetched with 128-bit global loads into
 // registers, issued before the GEMMs of the current tile, and stored to shared memory
-// after them (see FwdConfig::kPrefetchBoth for the two schedules).
+// after them (see KvPrefetch for the schedules).
 // Shared memory: Q [BR][D+8], K [BC][D+8], V [BC][D+8] fp16 (row padding of 16 bytes
 // makes the 8 row addresses of every ldmatrix hit distinct banks), <= 64 KB (Turing).
 #pragma once
@@ -31,13 +31,22 @@ namespace fa2 {
 
 constexpr int kTuringSmemBytes = 64 * 1024;  // max shared memory per block on sm_75
 
-// kPrefetchBoth: K_{t+1} and V_{t+1} are both fetched into registers at the top of
-// iteration t and stored after O += P V_t (2 barriers per tile, twice the staging
-// registers); otherwise V_t is fetched during S = Q K_t^T and K_{t+1} during P V_t
-// (4 barriers per tile, for head dims whose accumulators leave no registers to spare).
-template <int D, int BR, int BC, bool PREFETCH_BOTH = true>
+// How the next K/V tiles travel global -> registers -> shared memory:
+//   kBoth:   K_{t+1} and V_{t+1} are both fetched into registers at the top of iteration t
+//            and stored after O += P V_t (2 barriers per tile, two tiles of staging
+//            registers).
+//   kSplit:  V_t is fetched during S = Q K_t^T and K_{t+1} during P V_t (4 barriers per
+//            tile, one tile of staging registers).
+//   kStaged: K_{t+1} is fetched during S = Q K_t^T and the softmax and stored once every
+//            warp is done with K_t; V_{t+1} is then fetched during P V_t and stored once
+//            every warp is done with V_t (2 barriers per tile, one tile of staging
+//            registers; for head dims whose accumulators leave no registers to spare).
+enum class KvPrefetch { kBoth, kSplit, kStaged };
+
+template <int D, int BR, int BC, KvPrefetch PREFETCH = KvPrefetch::kBoth>
 struct FwdConfig {
-  static constexpr bool kPrefetchBoth = PREFETCH_BOTH;
+  static constexpr KvPrefetch kPrefetch = PREFETCH;
+  static constexpr bool kPrefetchBoth = PREFETCH == KvPrefetch::kBoth;
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = BR;
   static constexpr int kBlockN = BC;
@@ -94,6 +103,23 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// Row and 16-byte chunk of the i-th uint4 of thread tid in a tile copy: idx / kChunks and
+// idx % kChunks of idx = tid + i * kThreads. When the threads cover whole rows the chunk
+// does not depend on i, which written out lets the compiler keep one address per thread
+// and tile (constant row offsets) instead of one per i.
+template <class C>
+__device__ __forceinline__ void tile_coord(int i, int tid, int& row, int& c) {
+  if constexpr (C::kThreads % C::kChunks == 0) {
+    const unsigned t = static_cast<unsigned>(tid);  // tid >= 0: same values as below
+    row = static_cast<int>(t / C::kChunks) + i * (C::kThreads / C::kChunks);
+    c = static_cast<int>(t % C::kChunks);
+  } else {
+    const int idx = tid + i * C::kThreads;
+    row = idx / C::kChunks;
+    c = idx % C::kChunks;
+  }
+}
+
 // rows [n0, n0 + ROWS) x all chunks of a [rows][D] fp16 tile into registers; rows >= n
 // and chunks past the real head dim read as zeros.
 template <class C, int LOADS>
@@ -102,8 +128,8 @@ __device__ __forceinline__ void load_tile(uint4 (&r)[LOADS], const __half* g,
                                           int tid) {
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
-    const int idx = tid + i * C::kThreads;
-    const int row = idx / C::kChunks, c = idx % C::kChunks;
+    int row, c;
+    tile_coord<C>(i, tid, row, c);
     uint4 v = make_uint4(0, 0, 0, 0);
     if (n0 + row < n && c * 8 < head_dim)
       v = __ldg(reinterpret_cast<const uint4*>(g + (int64_t)(n0 + row) * row_stride + c * 8));
@@ -115,8 +141,8 @@ template <class C, int LOADS>
 __device__ __forceinline__ void store_tile(__half* s, const uint4 (&r)[LOADS], int tid) {
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
-    const int idx = tid + i * C::kThreads;
-    const int row = idx / C::kChunks, c = idx % C::kChunks;
+    int row, c;
+    tile_coord<C>(i, tid, row, c);
     *reinterpret_cast<uint4*>(s + row * C::kStride + c * 8) = r[i];
   }
 }
@@ -198,8 +224,9 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   if (t_lo < t_hi) {
     load_tile<C>(stage, kg, p.k_row_stride, t_lo * BC, sk, p.head_dim, tid);
     store_tile<C>(sK, stage, tid);
-    load_tile<C>(stage, vg, p.v_row_stride, t_lo * BC, sk, p.head_dim, tid);  // in flight
-    if constexpr (C::kPrefetchBoth) store_tile<C>(sV, stage, tid);
+    load_tile<C>(stage, vg, p.v_row_stride, t_lo * BC, sk, p.head_dim, tid);
+    if constexpr (C::kPrefetch != KvPrefetch::kSplit) store_tile<C>(sV, stage, tid);
+    // kSplit: V_{t_lo} stays in flight, stored in the first iteration
   }
   __syncthreads();
 
@@ -215,6 +242,9 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         load_tile<C>(stage, kg, p.k_row_stride, n0 + BC, sk, p.head_dim, tid);
         load_tile<C>(stage_v, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
       }
+    } else if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
+      if (t + 1 < t_hi)  // K_{t+1} in flight during S = Q K_t^T and the softmax
+        load_tile<C>(stage, kg, p.k_row_stride, n0 + BC, sk, p.head_dim, tid);
     }
     // ---- S = Q K^T
     float s[NT][4];
@@ -290,13 +320,19 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       pa[i][0] = pack_half2(s[i][0], s[i][1]);
       pa[i][1] = pack_half2(s[i][2], s[i][3]);
     }
-    if constexpr (!C::kPrefetchBoth) {
+    if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
+      __syncthreads();  // every warp is done with sK (K_t)
+      if (t + 1 < t_hi) {
+        store_tile<C>(sK, stage, tid);  // K_{t+1}: read after the barrier below
+        load_tile<C>(stage, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
+      }
+    } else if constexpr (C::kPrefetch == KvPrefetch::kSplit) {
       __syncthreads();  // every warp is done with sK; sV is free since the last P V
       store_tile<C>(sV, stage, tid);
       if (t + 1 < t_hi) load_tile<C>(stage, kg, p.k_row_stride, n0 + BC, sk, p.head_dim, tid);
       __syncthreads();
     }
-    // ---- O += P V (K_{t+1} loads in flight)
+    // ---- O += P V (K_{t+1} or V_{t+1} loads in flight)
 #pragma unroll
     for (int kt = 0; kt < BC / 16; ++kt) {
 #pragma unroll
@@ -310,13 +346,18 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       }
     }
     if (t + 1 < t_hi) {
-      __syncthreads();  // every warp is done with sK and sV
-      store_tile<C>(sK, stage, tid);
-      if constexpr (C::kPrefetchBoth)
-        store_tile<C>(sV, stage_v, tid);
-      else
-        load_tile<C>(stage, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
-      __syncthreads();
+      if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
+        __syncthreads();  // every warp is done with sV (V_t)
+        store_tile<C>(sV, stage, tid);  // V_{t+1}: read after the next iteration's first barrier
+      } else {
+        __syncthreads();  // every warp is done with sK and sV
+        store_tile<C>(sK, stage, tid);
+        if constexpr (C::kPrefetchBoth)
+          store_tile<C>(sV, stage_v, tid);
+        else
+          load_tile<C>(stage, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
+        __syncthreads();
+      }
     }
   }
 

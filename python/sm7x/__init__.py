@@ -6,3 +6,16 @@ installed and which FA2 library each GPU would use.
 """
 
 __version__ = "0.1.0"
+
+# flash-attn's entry points, resolved on first use (PEP 562) so that `import sm7x` stays
+# free of torch and native code.
+_LAZY = {"flash_attn_func": "sm7x.fa2", "flash_attn_varlen_func": "sm7x.fa2"}
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'sm7x' has no attribute {name!r}")

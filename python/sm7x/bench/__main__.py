@@ -1,10 +1,13 @@
-"""``python -m sm7x.bench BENCHMARK [options]``; benchmarks: core (see sm7x.bench.core)."""
+"""``python -m sm7x.bench BENCHMARK [options]``; benchmarks: core, fa2 (sm7x.bench.<name>)."""
 
 from __future__ import annotations
 
 import sys
 
-BENCHMARKS = {"core": "sm7x core ops (rms_norm, ..., reshape_and_cache) vs plain torch"}
+BENCHMARKS = {
+    "core": "sm7x core ops (rms_norm, ..., reshape_and_cache) vs plain torch",
+    "fa2": "sm7x FA2 forward vs torch SDPA's memory-efficient backend",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,11 +17,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, what in BENCHMARKS.items():
             print(f"  {name:<6} {what}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    if argv[0] == "core":
-        from . import core
+    import importlib
 
-        return core.main(argv[1:])
-    return 2
+    return importlib.import_module(f"{__package__}.{argv[0]}").main(argv[1:])
 
 
 if __name__ == "__main__":
