@@ -145,6 +145,7 @@ def test_ops_for_selects_per_device(monkeypatch):
 
 def test_loader_missing_library_names_package(monkeypatch, tmp_path):
     monkeypatch.undo()  # the real loader
+    monkeypatch.delenv(_select.FORCE_ENV, raising=False)  # the rules, not a forced arch
     monkeypatch.setattr(_select, "library_path", lambda arch: None)
     monkeypatch.setattr(_loader, "_loaded", {})
     sel = _select.select_fa2_library(T4)
@@ -177,6 +178,7 @@ def test_loader_loads_once_thread_safe(monkeypatch, tmp_path, caplog):
 
 def test_loader_falls_back_to_sm70_on_turing(monkeypatch, tmp_path):
     monkeypatch.undo()
+    monkeypatch.delenv(_select.FORCE_ENV, raising=False)  # the rules, not a forced arch
     lib = tmp_path / "_fa2_sm70.abi3.so"
     lib.write_bytes(b"")
     monkeypatch.setenv(_select.LIBRARY_PATH_ENV, str(tmp_path))
