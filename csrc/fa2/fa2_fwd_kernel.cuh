@@ -43,9 +43,13 @@ constexpr int kTuringSmemBytes = 64 * 1024;  // max shared memory per block on s
 //            registers; for head dims whose accumulators leave no registers to spare).
 enum class KvPrefetch { kBoth, kSplit, kStaged };
 
-template <int D, int BR, int BC, KvPrefetch PREFETCH = KvPrefetch::kBoth>
+// Q_IN_REGS: each warp keeps its Q fragments (D / 16 x 4 registers) for the whole key
+// loop instead of re-reading them from shared memory per tile; the Q tile is then only
+// staged in shared memory, which the K/V tiles reuse (smem = max(Q, K + V) tiles).
+template <int D, int BR, int BC, KvPrefetch PREFETCH = KvPrefetch::kBoth, bool Q_IN_REGS = false>
 struct FwdConfig {
   static constexpr KvPrefetch kPrefetch = PREFETCH;
+  static constexpr bool kQInRegs = Q_IN_REGS;
   static constexpr bool kPrefetchBoth = PREFETCH == KvPrefetch::kBoth;
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = BR;
@@ -54,7 +58,8 @@ struct FwdConfig {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kStride = D + 8;  // smem row stride in halves
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static constexpr int kSmemBytes = (BR + 2 * BC) * kStride * 2;
+  static constexpr int kSmemBytes =
+      (Q_IN_REGS ? (BR > 2 * BC ? BR : 2 * BC) : BR + 2 * BC) * kStride * 2;
   static constexpr int kQLoads = BR * kChunks / kThreads;
   static constexpr int kTileLoads = BC * kChunks / kThreads;  // uint4 per thread per K/V tile
   static_assert(D % 16 == 0 && D <= 256, "head dim: a multiple of 16, at most 256");
@@ -157,41 +162,38 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   constexpr int DT = D / 8;   // n8 tiles of O per warp
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* sQ = reinterpret_cast<__half*>(smem_raw);
-  __half* sK = sQ + BR * ST;
+  __half* sK = C::kQInRegs ? sQ : sQ + BR * ST;  // kQInRegs: K/V reuse the Q staging
   __half* sV = sK + BC * ST;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const int h = blockIdx.y, b = blockIdx.z;
-  const int m0 = blockIdx.x * BR;
+  // Last m-block first: with causal masking it has the most key tiles (less tail).
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * BR;
 
+  // Only what the main loop needs is computed here; the output and LSE addresses are
+  // derived again in the epilogue (fewer registers live across the loop).
   int sq, sk;
-  int64_t q_off, k_off, v_off, o_off, lse_off;
+  int64_t q_off, k_off, v_off;
   if (p.cu_seqlens_q != nullptr) {
     const int qs = p.cu_seqlens_q[b], ks = p.cu_seqlens_k[b];
     sq = p.cu_seqlens_q[b + 1] - qs;
     sk = p.cu_seqlens_k[b + 1] - ks;
     q_off = (int64_t)qs * p.q_row_stride;
-    o_off = (int64_t)qs * p.o_row_stride;
     k_off = (int64_t)ks * p.k_row_stride;
     v_off = (int64_t)ks * p.v_row_stride;
-    lse_off = qs;
   } else {
     sq = p.seqlen_q;
     sk = p.seqlen_k;
     q_off = (int64_t)b * p.q_batch_stride;
-    o_off = (int64_t)b * p.o_batch_stride;
     k_off = (int64_t)b * p.k_batch_stride;
     v_off = (int64_t)b * p.v_batch_stride;
-    lse_off = (int64_t)b * p.lse_batch_stride;
   }
   if (m0 >= sq) return;
   const int hk = h / (p.heads / p.kv_heads);
   const __half* qg = static_cast<const __half*>(p.q) + q_off + (int64_t)h * p.q_head_stride;
   const __half* kg = static_cast<const __half*>(p.k) + k_off + (int64_t)hk * p.k_head_stride;
   const __half* vg = static_cast<const __half*>(p.v) + v_off + (int64_t)hk * p.v_head_stride;
-  __half* og = static_cast<__half*>(p.o) + o_off + (int64_t)h * p.o_head_stride;
-  float* lg = p.lse + lse_off + (int64_t)h * p.lse_head_stride;
 
   // Keys row i may see (bottom-right aligned): [i + off - left, i + off + right].
   const int off = sk - sq;
@@ -210,6 +212,15 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     uint4 qr[C::kQLoads];
     load_tile<C>(qr, qg, p.q_row_stride, m0, sq, p.head_dim, tid);
     store_tile<C>(sQ, qr, tid);
+  }
+  const __half* q_frag_base =
+      sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
+  if constexpr (C::kQInRegs) {
+    __syncthreads();  // Q tile stored
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[kk], q_frag_base + kk * 16);
+    __syncthreads();  // every warp holds its Q fragments: sQ is free for K and V
   }
 
   float o[DT][4];
@@ -230,8 +241,6 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   }
   __syncthreads();
 
-  const __half* q_frag_base =
-      sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
   const __half* k_frag_base = sK + ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
   const __half* v_frag_base = sV + ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
 
@@ -253,7 +262,14 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4];
-      ldmatrix_x4(a, q_frag_base + kk * 16);
+      if constexpr (C::kQInRegs) {
+        a[0] = qa[kk][0];
+        a[1] = qa[kk][1];
+        a[2] = qa[kk][2];
+        a[3] = qa[kk][3];
+      } else {
+        ldmatrix_x4(a, q_frag_base + kk * 16);
+      }
 #pragma unroll
       for (int nn = 0; nn < BC / 16; ++nn) {
         uint32_t bk[4];
@@ -288,6 +304,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
           if (!ok) s[i][e] = -INFINITY;
         }
     }
+    float alpha[2];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       float mx = row_max[hr];
@@ -296,7 +313,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_use = mx == -INFINITY ? 0.f : mx;  // a row with nothing seen yet
-      const float alpha = fast_exp2((row_max[hr] - m_use) * sl2);
+      alpha[hr] = fast_exp2((row_max[hr] - m_use) * sl2);
       row_max[hr] = mx;
       const float bias = -m_use * sl2;
       float sum = 0.f;
@@ -306,11 +323,17 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         s[i][2 * hr + 1] = fast_exp2(fmaf(s[i][2 * hr + 1], sl2, bias));
         sum += s[i][2 * hr] + s[i][2 * hr + 1];
       }
-      row_sum[hr] = row_sum[hr] * alpha + sum;  // per-thread partial, reduced at the end
+      row_sum[hr] = row_sum[hr] * alpha[hr] + sum;  // per-thread partial, reduced at the end
+    }
+    // O *= alpha only when some row of the warp saw a new max (alpha != 1): once the
+    // maxima settle most tiles skip the D / 2 multiplies (same result: x * 1 == x).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < DT; ++i) {
-        o[i][2 * hr] *= alpha;
-        o[i][2 * hr + 1] *= alpha;
+        o[i][0] *= alpha[0];
+        o[i][1] *= alpha[0];
+        o[i][2] *= alpha[1];
+        o[i][3] *= alpha[1];
       }
     }
     // P as fp16 A fragments: tile i covers keys n0 + 8i .. 8i + 7.
@@ -362,6 +385,17 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   }
 
   // ---- epilogue: O / l, LSE; O staged through this warp's own rows of sQ for 128-bit stores
+  int64_t o_off, lse_off;
+  if (p.cu_seqlens_q != nullptr) {
+    const int qs = p.cu_seqlens_q[b];
+    o_off = (int64_t)qs * p.o_row_stride;
+    lse_off = qs;
+  } else {
+    o_off = (int64_t)b * p.o_batch_stride;
+    lse_off = (int64_t)b * p.lse_batch_stride;
+  }
+  __half* og = static_cast<__half*>(p.o) + o_off + (int64_t)h * p.o_head_stride;
+  float* lg = p.lse + lse_off + (int64_t)h * p.lse_head_stride;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float l = row_sum[hr];
@@ -379,7 +413,10 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       lg[row] = l > 0.f ? row_max[hr] * scale_nat + __logf(l) : INFINITY;
     }
   }
-  __syncwarp();
+  if constexpr (C::kQInRegs)
+    __syncthreads();  // sO overlaps sK / sV, which other warps may still read
+  else
+    __syncwarp();
   __half* sO = sQ + warp * 16 * ST;
 #pragma unroll
   for (int i = 0; i < DT; ++i) {
