@@ -148,6 +148,8 @@ def test_loader_missing_library_names_package(monkeypatch, tmp_path):
     monkeypatch.delenv(_select.FORCE_ENV, raising=False)  # the rules, not a forced arch
     monkeypatch.setattr(_select, "library_path", lambda arch: None)
     monkeypatch.setattr(_loader, "_loaded", {})
+    # as in a process where no FA2 library was loaded before (GPU tests may have run first)
+    monkeypatch.setattr(_loader, "_registered", lambda torch, ns: False)
     sel = _select.select_fa2_library(T4)
     with pytest.raises(_select.MissingLibraryError, match="sm7x-fa2-sm75"):
         _loader.load(sel, T4)
