@@ -94,7 +94,7 @@ SEQS = [(1, 1), (8, 8), (333, 333), (1024, 1024), (1, 1024), (8, 333), (333, 102
         (1024, 333)]
 
 
-@pytest.mark.parametrize("d", [64, 128, 32, 96, 256, 40, 200])
+@pytest.mark.parametrize("d", [64, 80, 128, 32, 96, 256, 40, 200])
 @pytest.mark.parametrize("sq,sk", SEQS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 4, 8])
