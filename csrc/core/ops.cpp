@@ -23,6 +23,7 @@
 
 #include "cuda_stream.h"
 #include "kernels.h"
+#include "tensor_text.h"
 
 namespace sm7x {
 namespace core {
@@ -50,38 +51,6 @@ template <typename... Args>
 // size/stride with Python-style negative dims (the stable Tensor takes dims >= 0).
 int64_t size_at(const Tensor& t, int64_t d) { return t.size(d < 0 ? d + t.dim() : d); }
 int64_t stride_at(const Tensor& t, int64_t d) { return t.stride(d < 0 ? d + t.dim() : d); }
-
-std::string shape_str(const Tensor& t) {
-  std::ostringstream oss;
-  oss << "[";
-  for (int64_t i = 0; i < t.dim(); ++i) oss << (i ? ", " : "") << t.size(i);
-  oss << "]";
-  return oss.str();
-}
-
-std::string strides_str(const Tensor& t) {
-  std::ostringstream oss;
-  oss << "(";
-  for (int64_t i = 0; i < t.dim(); ++i) oss << (i ? ", " : "") << t.stride(i);
-  oss << ")";
-  return oss.str();
-}
-
-const char* scalar_name(ScalarType s) {
-  switch (s) {
-    case ScalarType::Float: return "float32";
-    case ScalarType::Half: return "float16";
-    case ScalarType::BFloat16: return "bfloat16";
-    case ScalarType::Double: return "float64";
-    case ScalarType::Long: return "int64";
-    case ScalarType::Int: return "int32";
-    case ScalarType::Short: return "int16";
-    case ScalarType::Char: return "int8";
-    case ScalarType::Byte: return "uint8";
-    case ScalarType::Bool: return "bool";
-    default: return "an unsupported dtype";
-  }
-}
 
 std::string device_str(const Tensor& t) {
   std::ostringstream oss;
