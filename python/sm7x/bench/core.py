@@ -18,7 +18,6 @@ once) / time, for both implementations.
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import sys
@@ -29,7 +28,7 @@ from typing import Callable
 import torch
 
 from .. import _core_loader, ops
-from . import reference as ref
+from . import _output, reference as ref
 
 DEFAULT_TOKENS = (1024, 4096, 16384, 65536)
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 16
@@ -299,15 +298,8 @@ def print_table(result: dict) -> None:
                   f"{b['gbps']:>10.0f} {'':>10} {b['speedup']:>7.2f}x  (vs {name})")
 
 
-def plot(result: dict, path: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: no plot written to {path}", file=sys.stderr)
-        return False
+def draw(result: dict, plt):
+    """The PNG of the results (see _output.write)."""
     rows = result["results"]
     op_names = list(dict.fromkeys(r["op"] for r in rows))
     fig, axes = plt.subplots(1, len(op_names), figsize=(4.2 * len(op_names), 4), squeeze=False)
@@ -325,9 +317,7 @@ def plot(result: dict, path: str) -> bool:
         ax.set_ylabel("GB/s")
     axes[0][0].legend()
     fig.suptitle(f"sm7x core ops, {result['device']}, {result['dtype']}, hidden {result['hidden']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
+    return fig
 
 
 def main(argv: list[str]) -> int:
@@ -357,12 +347,7 @@ def main(argv: list[str]) -> int:
     result = run(tokens, a.hidden, a.dtype, a.iters, a.repeats, not a.no_graph,
                  a.ops.split(",") if a.ops else None, a.device)
     print_table(result)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {a.out}")
-    if a.plot and plot(result, a.plot):
-        print(f"wrote {a.plot}")
+    _output.write(result, a.out, a.plot, draw)
     return 0
 
 

@@ -12,12 +12,12 @@ speed of the sm75 family mean something there (DESIGN.md, "The GPU").
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import torch
 
+from . import _output
 from .core import _time
 
 DEFAULT_SEQLENS = (512, 2048, 8192)
@@ -64,15 +64,8 @@ def print_table(result: dict) -> None:
               f"{r['sm7x_tflops']:>12.1f} {r['sdpa_eff_tflops']:>16.1f} {r['ratio']:>6.2f}")
 
 
-def plot(result: dict, path: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: no plot written to {path}", file=sys.stderr)
-        return False
+def draw(result: dict, plt):
+    """The PNG of the results (see _output.write)."""
     dims = sorted({r["head_dim"] for r in result["results"]})
     fig, axes = plt.subplots(1, len(dims), figsize=(5 * len(dims), 4), squeeze=False)
     for ax, d in zip(axes[0], dims):
@@ -86,9 +79,7 @@ def plot(result: dict, path: str) -> bool:
         ax.set_ylabel("TFLOP/s")
     axes[0][0].legend()
     fig.suptitle(f"sm7x FA2 forward vs SDPA memory-efficient, {result['device']}, fp16")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
+    return fig
 
 
 def main(argv: list[str]) -> int:
@@ -110,10 +101,5 @@ def main(argv: list[str]) -> int:
     result = run([int(s) for s in a.seqlens.split(",")], [int(d) for d in a.head_dims.split(",")],
                  a.tokens, iters=a.iters, repeats=a.repeats)
     print_table(result)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {a.out}")
-    if a.plot and plot(result, a.plot):
-        print(f"wrote {a.plot}")
+    _output.write(result, a.out, a.plot, draw)
     return 0

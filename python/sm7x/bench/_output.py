@@ -1,0 +1,30 @@
+"""What every benchmark writes: its result as JSON, and a PNG drawn by its own plot
+function when matplotlib is there (a missing matplotlib skips the plot, not the run)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Callable
+
+
+def write(result: dict, out: str | None, plot_path: str | None, draw: Callable) -> None:
+    """draw(result, plt) makes the figure on matplotlib's pyplot and returns it."""
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {out}")
+    if not plot_path:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no plot written to {plot_path}", file=sys.stderr)
+        return
+    fig = draw(result, plt)
+    fig.tight_layout()
+    fig.savefig(plot_path, dpi=110)
+    print(f"wrote {plot_path}")
