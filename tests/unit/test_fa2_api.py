@@ -112,6 +112,26 @@ def test_varlen_validation():
         flash_attn_varlen_func(q, k, v, cq, ck, -1, 15)
 
 
+@pytest.mark.parametrize("bad, message", [
+    ([1, 5, 20], "must start at 0"),
+    ([0, 9, 5], "never decrease"),
+    ([0, 5, 19], "ends at 19 but q holds 20 tokens"),
+    ([0, 5, 21], "ends at 21 but q holds 20 tokens"),
+])
+def test_cu_seqlens_inconsistent_with_the_tensors(bad, message):
+    """A cu_seqlens the kernel would read out of bounds with is refused before launch."""
+    q, k, v, cq, ck = varlen()
+    with pytest.raises(ValueError, match=message):
+        flash_attn_varlen_func(q, k, v, torch.tensor(bad, dtype=torch.int32), ck, 15, 15)
+
+
+def test_max_seqlen_shorter_than_a_sequence_is_refused():
+    q, k, v, cq, ck = varlen()
+    longest = int((cq[1:] - cq[:-1]).max())
+    with pytest.raises(ValueError, match=f"has {longest} tokens but max_seqlen_q is {longest - 1}"):
+        flash_attn_varlen_func(q, k, v, cq, ck, longest - 1, 15)
+
+
 # ---------------------------------------------------------------------------------------
 # Dispatch: the library is chosen per call from the input tensor's device.
 

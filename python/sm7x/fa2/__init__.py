@@ -120,6 +120,22 @@ def _check_qkv(fn: str, q, k, v, nd: int, layout: str) -> tuple[int, int, int]:
     return heads, kv_heads, hd
 
 
+def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tensor: str) -> None:
+    """The kernels read cu_seqlens as offsets into q/k/v, so a wrong one would read out of
+    bounds: it is checked on the host (one small device-to-host copy per call)."""
+    c = [int(x) for x in cu.tolist()]
+    if c[0] != 0 or any(b < a for a, b in zip(c, c[1:])):
+        raise ValueError(f"sm7x.fa2.{fn}: {name} must start at 0 and never decrease, got {c[:8]}"
+                         f"{'...' if len(c) > 8 else ''}")
+    if c[-1] != total:
+        raise ValueError(f"sm7x.fa2.{fn}: {name} ends at {c[-1]} but {tensor} holds {total} tokens; "
+                         f"the last entry must be the total token count")
+    longest = max((b - a for a, b in zip(c, c[1:])), default=0)
+    if longest > max_seqlen:
+        raise ValueError(f"sm7x.fa2.{fn}: a sequence in {name} has {longest} tokens but "
+                         f"max_seqlen_{tensor} is {max_seqlen}; pass the longest length")
+
+
 def _check_options(fn: str, softmax_scale, hd: int, causal, window_size, softcap):
     if softmax_scale is None:
         softmax_scale = hd ** -0.5
@@ -224,6 +240,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
         raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_q/max_seqlen_k must be >= 0")
+    _check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
+    _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
     _check_cuda(fn, q)
