@@ -1,8 +1,10 @@
-// The op layer of sm7x's FlashAttention-2 forward for Turing (_fa2_sm75.abi3.so):
-// schemas, validation, device/stream handling and dispatch to the kernels (fa2.h).
+// The op layer of sm7x's FlashAttention-2 forward for Turing (_fa2_sm75.abi3.so) and
+// Volta (_fa2_sm70.abi3.so): schemas, validation, device/stream handling and dispatch to
+// the kernels (fa2.h).
 // Written against torch's stable ABI only (TORCH_TARGET_VERSION 2.10), like csrc/core:
 // one build loads in every torch >= 2.10. Each library of the FA2 family registers its
-// own namespace (here sm7x_fa2_sm75), so the sm70 and sm75 libraries can share a process.
+// own namespace (sm7x_fa2_sm75, sm7x_fa2_sm70: SM7X_FA2_NAMESPACE below), so the sm70
+// and sm75 libraries can share a process.
 //
 // Every failed check throws (STD_TORCH_CHECK), which torch turns into a Python
 // RuntimeError with the message: it names the op and argument, what was found and the fix.
@@ -22,9 +24,17 @@
 #include "../core/cuda_stream.h"
 #include "fa2.h"
 
+// The library's arch (messages) and op namespace: one ops.cpp for every library of the
+// family, compiled once per target with its own definitions (defaults: sm75).
 #ifndef SM7X_FA2_ARCH
 #define SM7X_FA2_ARCH "sm75"
 #endif
+#ifndef SM7X_FA2_NAMESPACE
+#define SM7X_FA2_NAMESPACE sm7x_fa2_sm75
+#endif
+// Indirection so that SM7X_FA2_NAMESPACE is expanded before torch's macros paste it.
+#define SM7X_FA2_LIBRARY(ns, m) STABLE_TORCH_LIBRARY(ns, m)
+#define SM7X_FA2_LIBRARY_IMPL(ns, k, m) STABLE_TORCH_LIBRARY_IMPL(ns, k, m)
 
 namespace sm7x {
 namespace fa2 {
@@ -287,7 +297,7 @@ void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor 
 }  // namespace fa2
 }  // namespace sm7x
 
-STABLE_TORCH_LIBRARY(sm7x_fa2_sm75, m) {
+SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, float softmax_scale, "
       "bool causal, int window_left, int window_right, float softcap) -> ()");
@@ -303,5 +313,5 @@ STABLE_TORCH_LIBRARY(sm7x_fa2_sm75, m) {
   m.impl("fwd", TORCH_BOX(&sm7x::fa2::fwd_op));            \
   m.impl("fwd_varlen", TORCH_BOX(&sm7x::fa2::fwd_varlen_op))
 
-STABLE_TORCH_LIBRARY_IMPL(sm7x_fa2_sm75, CUDA, m) { SM7X_FA2_IMPLS(m); }
-STABLE_TORCH_LIBRARY_IMPL(sm7x_fa2_sm75, CPU, m) { SM7X_FA2_IMPLS(m); }
+SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CUDA, m) { SM7X_FA2_IMPLS(m); }
+SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CPU, m) { SM7X_FA2_IMPLS(m); }

@@ -1,0 +1,160 @@
+"""sm7x FA2 forward (sm70 library) on a GPU, against a float32 reference.
+
+Marked `gpu`; skipped without CUDA or without the library. On GPUs other than Volta the
+sm70 library must be forced (SM7X_FA2_FORCE=sm70: its compute_70 PTX is JIT-compiled),
+which is how it is tested on the H200.
+
+The reference, the comparison and the input helpers are test_fa2_sm75.py's: they are
+taken from that file's source (not copied) because importing it as a module would run
+its module-level skips, which are about the sm75 library.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
+if not torch.cuda.is_available():
+    pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+
+from sm7x import _select  # noqa: E402
+
+if _select.library_path("sm70") is None:
+    pytest.skip("_fa2_sm70.abi3.so is not installed (set SM7X_LIBRARY_PATH to a build)",
+                allow_module_level=True)
+if (torch.cuda.get_device_capability()[0] != 7 or torch.cuda.get_device_capability() >= (7, 5)) \
+        and os.environ.get(_select.FORCE_ENV) != "sm70":
+    pytest.skip(f"GPU is not Volta: set {_select.FORCE_ENV}=sm70 to test the sm70 kernels "
+                f"(through their PTX on GPUs newer than sm_70)", allow_module_level=True)
+
+from sm7x.fa2 import _loader, flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _sm75_helpers() -> dict:
+    """reference, _compare, _qkv, _record, WORST and SEQS from test_fa2_sm75.py."""
+    path = Path(__file__).with_name("test_fa2_sm75.py")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    keep = {"reference", "_compare", "_qkv", "_record", "WORST", "SEQS"}
+
+    def wanted(node) -> bool:
+        if isinstance(node, ast.FunctionDef):
+            return node.name in keep
+        if isinstance(node, ast.AnnAssign):
+            return isinstance(node.target, ast.Name) and node.target.id in keep
+        if isinstance(node, ast.Assign):
+            return any(isinstance(t, ast.Name) and t.id in keep for t in node.targets)
+        return False
+
+    module = ast.Module(body=[n for n in tree.body if wanted(n)], type_ignores=[])
+    ns = {"torch": torch, "math": math, "os": os, "__name__": "test_fa2_sm75_helpers"}
+    exec(compile(module, str(path), "exec"), ns)  # noqa: S102
+    missing = keep - ns.keys()
+    assert not missing, f"test_fa2_sm75.py no longer defines {sorted(missing)}"
+    return ns
+
+
+_H = _sm75_helpers()
+reference, _compare, _qkv, WORST, SEQS = (_H[n] for n in
+                                          ("reference", "_compare", "_qkv", "WORST", "SEQS"))
+
+
+@pytest.mark.parametrize("d", [64, 128, 32, 96, 256, 80, 40])
+@pytest.mark.parametrize("sq,sk", SEQS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 4])
+def test_fwd_matches_reference(d, sq, sk, causal, group):
+    h = 8
+    q, k, v = _qkv(2, sq, sk, h, h // group, d, seed=sq * 7 + sk + d)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    ref_out, ref_lse = reference(q, k, v, d ** -0.5, causal)
+    _compare(f"sm70 d={d}", out, lse, ref_out, ref_lse)
+
+
+def test_sm70_library_is_the_one_loaded():
+    q, k, v = _qkv(1, 16, 16, 2, 2, 64)
+    flash_attn_func(q, k, v)
+    assert "sm70" in _loader.loaded()
+    assert hasattr(torch.ops.sm7x_fa2_sm70, "fwd")
+    assert hasattr(torch.ops.sm7x_fa2_sm70, "fwd_varlen")
+
+
+@pytest.mark.parametrize("window", [(16, 0), (100, 50), (-1, 7), (0, 0), (300, -1)])
+@pytest.mark.parametrize("sq,sk", [(333, 333), (200, 600), (600, 200)])
+def test_sliding_window(window, sq, sk):
+    q, k, v = _qkv(2, sq, sk, 4, 2, 64, seed=11)
+    out, lse, _ = flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
+    ref_out, ref_lse = reference(q, k, v, 64 ** -0.5, False, window)
+    _compare("sm70 window", out, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap(causal):
+    q, k, v = _qkv(2, 257, 300, 4, 4, 128, seed=5)
+    q = q * 3
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, softcap=30.0, return_attn_probs=True)
+    ref_out, ref_lse = reference(q, k, v, 128 ** -0.5, causal, softcap=30.0)
+    _compare("sm70 softcap", out, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen(d, causal):
+    lens_q = [1, 77, 300, 8, 513]
+    lens_k = [1, 77, 300, 40, 700]
+    h, hk = 8, 2
+    g = torch.Generator(device="cuda").manual_seed(d)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq, h, d, device="cuda", dtype=torch.float16, generator=g)
+    k = torch.randn(tk, hk, d, device="cuda", dtype=torch.float16, generator=g)
+    v = torch.randn(tk, hk, d, device="cuda", dtype=torch.float16, generator=g)
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                         causal=causal, return_attn_probs=True)
+    assert lse.shape == (h, tq)
+    for i in range(len(lens_q)):
+        a, b_ = cu_q[i].item(), cu_q[i + 1].item()
+        c, e = cu_k[i].item(), cu_k[i + 1].item()
+        ro, rl = reference(q[None, a:b_], k[None, c:e], v[None, c:e], d ** -0.5, causal)
+        _compare(f"sm70 varlen d={d}", out[a:b_][None], lse[:, a:b_][None], ro, rl)
+
+
+def test_strided_inputs_from_packed_qkv():
+    qkv = torch.randn(2, 300, 3, 8, 64, device="cuda", dtype=torch.float16)
+    q, k, v = qkv.unbind(2)
+    out = flash_attn_func(q, k, v, causal=True)
+    ref, _ = reference(q, k, v, 64 ** -0.5, True)
+    assert (out.float() - ref).abs().max().item() <= 4e-3
+
+
+def test_op_validation_messages():
+    q, k, v = _qkv(1, 16, 16, 4, 4, 64)
+    flash_attn_func(q, k, v)  # loads the library
+    ns = torch.ops.sm7x_fa2_sm70
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 4, 16, device="cuda")
+    with pytest.raises(RuntimeError, match=r"sm7x\.fa2_sm70\.fwd: .*float16 only"):
+        ns.fwd(q.float(), k, v, out, lse, 0.1, False, -1, -1, 0.0)
+    with pytest.raises(RuntimeError, match="lse has shape"):
+        ns.fwd(q, k, v, out, lse[:, :2], 0.1, False, -1, -1, 0.0)
+    with pytest.raises(RuntimeError, match="multiple of num_kv_heads"):
+        ns.fwd(q, k[:, :, :3], v[:, :, :3], out, lse, 0.1, False, -1, -1, 0.0)
+
+
+def test_zz_report_worst_errors():
+    lines = [f"{key}: {err:.3e}" for key, err in sorted(WORST.items())]
+    text = "\n".join(lines)
+    print("\nworst errors vs float32 reference (sm70):\n" + text)
+    path = os.environ.get("FA2_ERRORS_OUT")
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
