@@ -4,17 +4,13 @@ Marked `gpu`; skipped without CUDA or without the library. On GPUs other than Vo
 sm70 library must be forced (SM7X_FA2_FORCE=sm70: its compute_70 PTX is JIT-compiled),
 which is how it is tested on the H200.
 
-The reference, the comparison and the input helpers are test_fa2_sm75.py's: they are
-taken from that file's source (not copied) because importing it as a module would run
-its module-level skips, which are about the sm75 library.
+The reference, the comparison and the input helpers are shared with the sm75 tests
+(fa2_reference.py).
 """
 
 from __future__ import annotations
 
-import ast
-import math
 import os
-from pathlib import Path
 
 import pytest
 
@@ -37,32 +33,7 @@ from sm7x.fa2 import _loader, flash_attn_func, flash_attn_varlen_func  # noqa: E
 pytestmark = pytest.mark.gpu
 
 
-def _sm75_helpers() -> dict:
-    """reference, _compare, _qkv, _record, WORST and SEQS from test_fa2_sm75.py."""
-    path = Path(__file__).with_name("test_fa2_sm75.py")
-    tree = ast.parse(path.read_text(), filename=str(path))
-    keep = {"reference", "_compare", "_qkv", "_record", "WORST", "SEQS"}
-
-    def wanted(node) -> bool:
-        if isinstance(node, ast.FunctionDef):
-            return node.name in keep
-        if isinstance(node, ast.AnnAssign):
-            return isinstance(node.target, ast.Name) and node.target.id in keep
-        if isinstance(node, ast.Assign):
-            return any(isinstance(t, ast.Name) and t.id in keep for t in node.targets)
-        return False
-
-    module = ast.Module(body=[n for n in tree.body if wanted(n)], type_ignores=[])
-    ns = {"torch": torch, "math": math, "os": os, "__name__": "test_fa2_sm75_helpers"}
-    exec(compile(module, str(path), "exec"), ns)  # noqa: S102
-    missing = keep - ns.keys()
-    assert not missing, f"test_fa2_sm75.py no longer defines {sorted(missing)}"
-    return ns
-
-
-_H = _sm75_helpers()
-reference, _compare, _qkv, WORST, SEQS = (_H[n] for n in
-                                          ("reference", "_compare", "_qkv", "WORST", "SEQS"))
+from fa2_reference import SEQS, WORST, _compare, _qkv, reference  # noqa: E402
 
 
 @pytest.mark.parametrize("d", [64, 128, 32, 96, 256, 80, 40])
