@@ -22,6 +22,7 @@
 #include <string>
 
 #include "../core/cuda_stream.h"
+#include "../core/tensor_text.h"
 #include "fa2.h"
 
 // The library's arch (messages) and op namespace: one ops.cpp for every library of the
@@ -46,33 +47,6 @@ using torch::stable::Tensor;
 #define FA2_CHECK(cond, op, ...) \
   STD_TORCH_CHECK(cond, "sm7x.fa2_" SM7X_FA2_ARCH ".", op, ": ", __VA_ARGS__)
 
-std::string shape_str(const Tensor& t) {
-  std::ostringstream oss;
-  oss << "[";
-  for (int64_t i = 0; i < t.dim(); ++i) oss << (i ? ", " : "") << t.size(i);
-  oss << "]";
-  return oss.str();
-}
-
-std::string strides_str(const Tensor& t) {
-  std::ostringstream oss;
-  oss << "(";
-  for (int64_t i = 0; i < t.dim(); ++i) oss << (i ? ", " : "") << t.stride(i);
-  oss << ")";
-  return oss.str();
-}
-
-const char* scalar_name(ScalarType s) {
-  switch (s) {
-    case ScalarType::Float: return "float32";
-    case ScalarType::Half: return "float16";
-    case ScalarType::BFloat16: return "bfloat16";
-    case ScalarType::Double: return "float64";
-    case ScalarType::Long: return "int64";
-    case ScalarType::Int: return "int32";
-    default: return "an unsupported dtype";
-  }
-}
 
 void check_cuda(const char* op, const char* name, const Tensor& t, const Tensor& q) {
   FA2_CHECK(t.is_cuda(), op, name, " must be a CUDA tensor (sm7x FA2 runs on the GPU only)");
