@@ -136,6 +136,14 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
                          f"max_seqlen_{tensor} is {max_seqlen}; pass the longest length")
 
 
+def _prepare(fn: str, q, k, v):
+    """After validation: the library for q's device, kernel-readable q/k/v, and out."""
+    _check_cuda(fn, q)
+    ops = _ops_for(q)
+    q, k, v = (_kernel_layout(t) for t in (q, k, v))
+    return ops, q, k, v, torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
 def _check_options(fn: str, softmax_scale, hd: int, causal, window_size, softcap):
     if softmax_scale is None:
         softmax_scale = hd ** -0.5
@@ -198,10 +206,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         raise ValueError(f"sm7x.fa2.{fn}: q has batch {q.shape[0]} but k has {k.shape[0]}")
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
-    _check_cuda(fn, q)
-    ops = _ops_for(q)
-    q, k, v = (_kernel_layout(t) for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ops, q, k, v, out = _prepare(fn, q, k, v)
     lse = torch.empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32, device=q.device)
     ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap)
     return (out, lse, None) if return_attn_probs else out
@@ -244,10 +249,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
-    _check_cuda(fn, q)
-    ops = _ops_for(q)
-    q, k, v = (_kernel_layout(t) for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ops, q, k, v, out = _prepare(fn, q, k, v)
     lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)
     ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                    max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap)
