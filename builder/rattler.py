@@ -41,18 +41,25 @@ class _Progress:
 
 
 def build_order(rendered: list) -> list:
-    """One build per distinct output, noarch outputs last.
+    """One build per distinct output, noarch outputs last, each after those it depends on.
 
     rendered: a variant per (output, variant combination), so a noarch output comes back
     once per Python although all renderings are the same package (same hash). A noarch
-    package's tests install it next to the per-Python packages it depends on, for the
-    lowest and highest Python, so those must all exist before it is built.
+    package's tests install it next to the packages it depends on (per-Python ones for
+    the lowest and highest Python, the sm7x-fa2 selector), so those must exist first.
     """
     unique = {}
     for v in rendered:
         key = (v.recipe.package.name, str(v.hash_info.hash) if v.hash_info else repr(v.variant))
         unique.setdefault(key, v)
-    return sorted(unique.values(), key=lambda v: v.recipe.build.noarch is not None)
+    deps = {v.recipe.package.name: {str(d).split()[0] for d in v.recipe.requirements.run}
+            for v in unique.values()}
+
+    def depth(name: str, seen: frozenset = frozenset()) -> int:
+        inner = [depth(d, seen | {name}) for d in deps.get(name, ()) if d in deps and d not in seen]
+        return 1 + max(inner, default=-1)
+
+    return sorted(unique.values(), key=lambda v: (v.recipe.build.noarch is not None, depth(v.recipe.package.name)))
 
 
 def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],

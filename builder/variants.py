@@ -12,6 +12,7 @@ VARIANTS = REPO / "variants"
 BOOTSTRAP_PYTHONS = REPO / "recipe" / "bootstrap" / "python" / "variants.yaml"
 KNOWN_KEYS = {"python", "python_min", "c_compiler", "c_compiler_version", "cxx_compiler",
               "cxx_compiler_version", "cuda_compiler", "cuda_compiler_version", "sm7x_cuda_archs",
+              "sm7x_fa2_select",
               "target_platform", "zip_keys"}
 DEFAULT = VARIANTS / "default.yaml"
 # the last CUDA major that can still compile for each arch
