@@ -1,7 +1,8 @@
 """Solve and install environments from file:// channels with py-rattler (pixi's engine).
 
 Channels are always explicit (py-rattler's default is conda-forge) and virtual packages
-are detected (a solve without them assumes none).
+are detected (a solve without them assumes none), honouring CONDA_OVERRIDE_* like pixi
+(CONDA_OVERRIDE_CUDA_ARCH only counts together with CONDA_OVERRIDE_CUDA).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rattler import VirtualPackage, install, solve
+from rattler import VirtualPackage, VirtualPackageOverrides, install, solve
 
 
 @dataclass
@@ -33,7 +34,9 @@ class Env:
 def create(prefix: Path, specs: list[str], channels: list[Path | str], virtual_packages=None) -> Env:
     prefix = Path(prefix).resolve()
     sources = [c.resolve().as_uri() if isinstance(c, Path) else c for c in channels]
-    vpkgs = VirtualPackage.detect() if virtual_packages is None else virtual_packages
+    if virtual_packages is None:
+        virtual_packages = VirtualPackage.detect(VirtualPackageOverrides.from_env())
+    vpkgs = virtual_packages
 
     async def run():
         t0 = time.monotonic()

@@ -226,13 +226,91 @@ def required_packages(devices: Iterable[Device], *, force: str | None = None) ->
     return needed
 
 
-def package_for_min_capability(devices: Iterable[Device]) -> str | None:
-    """The FA2 package a conda solve with __cuda_arch = min capability installs.
+# --- What a conda/pixi solve installs for `sm7x-fa2` (the selector package, CEP 46) ---
+# Mirrors the sm7x-fa2 output of recipe/recipe.yaml; tests/package/test_fa2_selector.py
+# checks this table against real py-rattler solves of the built channel.
 
-    That single package runs on every GPU of the node (sm_70 code runs on 7.5 too);
-    None when there is no GPU or the minimum is below 7.0.
+CUDA_ARCH_OVERRIDE_ENV = "CONDA_OVERRIDE_CUDA_ARCH"
+
+
+@dataclass(frozen=True)
+class SelectorPick:
+    """The sm7x-fa2 build a solver takes for a given __cuda_arch, and why."""
+
+    variant: str | None  # "sm75", "sm70", "all"; None: no build can be installed
+    build_number: int | None
+    packages: tuple[str, ...]  # the FA2 library packages it pulls in
+    cuda_arch: str | None  # the __cuda_arch the solver sees (None: absent)
+    reason: str
+
+
+def _parse_cuda_arch(value: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(p) for p in value.strip().split("."))
+    except ValueError:
+        raise ValueError(f"invalid __cuda_arch {value!r}: expected MAJOR.MINOR such as 7.5") from None
+    return major, minor
+
+
+def node_cuda_arch(devices: Iterable[Device], environ=None) -> tuple[str | None, str]:
+    """(__cuda_arch as a solver would see it, where it came from).
+
+    CEP 46: the lowest compute capability among the node's GPUs, unless
+    CONDA_OVERRIDE_CUDA_ARCH is set (an empty value removes the virtual package).
     """
-    caps = [d.capability for d in devices]
-    if not caps or min(caps) < (7, 0):
-        return None
-    return package_name("sm75" if min(caps) >= (7, 5) else "sm70")
+    environ = os.environ if environ is None else environ
+    if CUDA_ARCH_OVERRIDE_ENV in environ:
+        value = environ[CUDA_ARCH_OVERRIDE_ENV].strip()
+        if not value:
+            return None, f"{CUDA_ARCH_OVERRIDE_ENV} is set and empty"
+        _parse_cuda_arch(value)
+        return value, f"{CUDA_ARCH_OVERRIDE_ENV}={value}"
+    devices = list(devices)
+    if not devices:
+        return None, "no GPU found"
+    low = min(devices, key=lambda d: d.capability)
+    arch = "%d.%d" % low.capability
+    if len(devices) == 1:
+        return arch, f"the capability of {low.describe()}"
+    return arch, f"the lowest capability of the {len(devices)} GPUs, {low.describe()}"
+
+
+def selector_pick(cuda_arch: str | None, built_archs: Iterable[str] = ARCHS) -> SelectorPick:
+    """The sm7x-fa2 build a solver takes for ``cuda_arch`` (None: no __cuda_arch).
+
+    built_archs: the FA2 libraries the channel's variant builds (default: both).
+    """
+    built = tuple(a for a in ARCHS if a in set(built_archs))
+    oldest = "7.0" if "sm70" in built else "7.5"
+    if cuda_arch is None:
+        return SelectorPick("all", 0, tuple(package_name(a) for a in built), None,
+                            "no __cuda_arch (no GPU, or the override is empty): the fallback "
+                            "build installs every FA2 library, so the environment works on "
+                            "any Volta or Turing node")
+    cap = _parse_cuda_arch(cuda_arch)
+    if cap >= (7, 5) and "sm75" in built:
+        why = ("Turing: native sm_75 kernels" if cap < (8, 0) else
+               "Ampere or newer: sm7x FA2 is refused at run time there unless forced "
+               f"({FORCE_ENV}); the sm75 library is the one whose PTX runs fast when forced, "
+               "and it also serves Turing nodes sharing the environment")
+        return SelectorPick("sm75", 2, (package_name("sm75"),), cuda_arch,
+                            f"__cuda_arch {cuda_arch} satisfies >=7.5 (build 2): {why}")
+    if (7, 0) <= cap < (7, 5) and "sm70" in built:
+        return SelectorPick("sm70", 1, (package_name("sm70"),), cuda_arch,
+                            f"__cuda_arch {cuda_arch} satisfies >=7.0,<7.5 (build 1): Volta, "
+                            "or a node mixing Volta and Turing (sm_70 code runs on both)")
+    if cap >= _parse_cuda_arch(oldest):
+        # e.g. a Turing node on a channel built for sm_70 only: the fallback still fits
+        return SelectorPick("all", 0, tuple(package_name(a) for a in built), cuda_arch,
+                            f"__cuda_arch {cuda_arch}: no build for it in this channel, the "
+                            f"fallback (build 0) fits (it needs __cuda_arch >={oldest})")
+    return SelectorPick(None, None, (), cuda_arch,
+                        f"__cuda_arch {cuda_arch} is below {oldest}, the oldest GPU this "
+                        "channel has kernels for: the solve fails (sm7x needs Volta or newer)")
+
+
+def covering_archs(device: Device) -> tuple[str, ...]:
+    """The FA2 libraries whose code runs on ``device`` natively or as same-major SASS."""
+    if device.capability[0] != 7:
+        return ()
+    return tuple(a for a in ARCHS if device.capability >= (7, int(a[-1])))

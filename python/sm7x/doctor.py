@@ -24,9 +24,14 @@ from ._select import (
     Device,
     UnsupportedDeviceError,
     library_path,
-    package_for_min_capability,
+    ARCHS,
+    CUDA_ARCH_OVERRIDE_ENV,
+    covering_archs,
+    node_cuda_arch,
+    package_name,
     required_packages,
     select_fa2_library,
+    selector_pick,
 )
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -125,7 +130,10 @@ def _gpu_report(device: Device, warnings: list[str]) -> dict:
                             f"{sel.fallback} library that is installed also runs here, but "
                             f"for native kernels {hint}")
         else:
-            warnings.append(f"cuda:{device.index}: {sel.package} is not installed: {hint}")
+            installed = [a for a in ARCHS if library_path(a)]
+            have = ", ".join(package_name(a) for a in installed) or "none"
+            warnings.append(f"cuda:{device.index} ({device.name}, {entry['capability']}) is not "
+                            f"covered by the installed FA2 libraries (installed: {have}): {hint}")
     entry["fa2"] = fa2
     return entry
 
@@ -145,6 +153,7 @@ def collect(devices: Iterable[Device] | None = None, *, prefix: str | Path | Non
         source = "nvidia-smi" if devices is not None else None
         devices = devices or []
     package_dir = Path(package_dir) if package_dir else PACKAGE_DIR
+    packages = _installed_packages(Path(prefix) if prefix else Path(sys.prefix))
     return {
         "sm7x": {"version": __version__, "location": str(package_dir),
                  "packaged_by": _install_hints.PACKAGED_BY},
@@ -152,15 +161,41 @@ def collect(devices: Iterable[Device] | None = None, *, prefix: str | Path | Non
         "torch": torch_info,
         "environment": {k: os.environ.get(k) for k in (FORCE_ENV, LIBRARY_PATH_ENV,
                                                        "CUDA_VISIBLE_DEVICES")},
-        "packages": _installed_packages(Path(prefix) if prefix else Path(sys.prefix)),
+        "packages": packages,
         "libraries": _native_libraries(package_dir),
         "gpu_source": source,
         "gpu_error": smi_error,
         "gpus": [_gpu_report(d, warnings) for d in devices],
         "node": {"required_packages": sorted(required_packages(devices)),
-                 "min_capability_package": package_for_min_capability(devices)},
+                 "uncovered_gpus": [d.index for d in devices if _uncovered(d)]},
+        "solver": _solver_report(devices, packages, warnings),
         "warnings": warnings,
     }
+
+
+def _uncovered(device: Device) -> bool:
+    """A Volta/Turing GPU that none of the installed FA2 libraries can run on."""
+    archs = covering_archs(device)
+    return bool(archs) and not any(library_path(a) for a in archs)
+
+
+def _solver_report(devices: list[Device], packages: dict, warnings: list[str]) -> dict:
+    """Which sm7x-fa2 build a conda/pixi solve on this node takes, and why (CEP 46)."""
+    try:
+        arch, source = node_cuda_arch(devices)
+    except ValueError as exc:
+        warnings.append(f"{CUDA_ARCH_OVERRIDE_ENV}: {exc}")
+        return {"error": str(exc)}
+    if arch is not None and CUDA_ARCH_OVERRIDE_ENV in os.environ and "CONDA_OVERRIDE_CUDA" not in os.environ:
+        warnings.append(f"{CUDA_ARCH_OVERRIDE_ENV} is set but CONDA_OVERRIDE_CUDA is not: pixi "
+                        f"and other rattler-based tools then see no __cuda_arch at all and "
+                        f"install the fallback; set CONDA_OVERRIDE_CUDA=12.4 (say) as well")
+    pick = selector_pick(arch)
+    installed = next((p for p in packages["conda"] if p["name"] == "sm7x-fa2"), None)
+    installed_variant = str(installed["build"]).split("_")[0] if installed else None
+    return {"cuda_arch": arch, "cuda_arch_source": source, "variant": pick.variant,
+            "build_number": pick.build_number, "packages": list(pick.packages),
+            "reason": pick.reason, "installed_variant": installed_variant}
 
 
 def render(info: dict) -> str:
@@ -197,12 +232,26 @@ def render(info: dict) -> str:
         lines += [f"    FA2: {fa2['library']} from {fa2['package']}: {state}",
                   f"    why: {fa2['reason']}"]
     if info["gpus"]:
-        node = info["node"]
-        needs = ", ".join(node["required_packages"]) or "nothing"
-        lines.append(f"node      native FA2 needs: {needs}; a conda solve with "
-                     f"__cuda_arch=min picks: {node['min_capability_package'] or 'nothing'}")
+        needs = ", ".join(info["node"]["required_packages"]) or "nothing"
+        lines.append(f"node      native FA2 kernels on every GPU need: {needs}")
+    lines += _render_solver(info["solver"])
     lines += [f"warning:  {w}" for w in info["warnings"]]
     return "\n".join(lines)
+
+
+def _render_solver(solver: dict) -> list[str]:
+    if "error" in solver:
+        return [f"solver    cannot tell: {solver['error']}"]
+    arch = solver["cuda_arch"] or "absent"
+    picks = (f"sm7x-fa2 build '{solver['variant']}' -> {', '.join(solver['packages'])}"
+             if solver["variant"] else "nothing: the solve fails")
+    lines = [f"solver    __cuda_arch {arch} ({solver['cuda_arch_source']}): installing sm7x "
+             f"picks {picks}", f"    why: {solver['reason']}"]
+    inst = solver["installed_variant"]
+    if inst and inst != solver["variant"]:
+        lines.append(f"    note: this environment has sm7x-fa2 build '{inst}': it was solved "
+                     f"for other GPUs (another node, or {CUDA_ARCH_OVERRIDE_ENV})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

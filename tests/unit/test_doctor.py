@@ -13,8 +13,9 @@ from sm7x._select import Device
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    monkeypatch.delenv("SM7X_FA2_FORCE", raising=False)
-    monkeypatch.delenv("SM7X_LIBRARY_PATH", raising=False)
+    for name in ("SM7X_FA2_FORCE", "SM7X_LIBRARY_PATH", "CONDA_OVERRIDE_CUDA_ARCH",
+                 "CONDA_OVERRIDE_CUDA"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -22,9 +23,9 @@ def fake_install(tmp_path, monkeypatch):
     """A conda prefix with sm7x packages and a package dir holding the sm70 library only."""
     meta = tmp_path / "prefix" / "conda-meta"
     meta.mkdir(parents=True)
-    for name in ("sm7x", "sm7x-fa2-sm70"):
-        rec = {"name": name, "version": "0.1.0", "build": "h0_0", "channel": "file:///ch"}
-        (meta / f"{name}-0.1.0-h0_0.json").write_text(json.dumps(rec))
+    for name, build in (("sm7x", "h0_0"), ("sm7x-fa2", "sm70_h0_1"), ("sm7x-fa2-sm70", "h0_0")):
+        rec = {"name": name, "version": "0.1.0", "build": build, "channel": "file:///ch"}
+        (meta / f"{name}-0.1.0-{build}.json").write_text(json.dumps(rec))
     (meta / "python-3.11.7-h0_0.json").write_text(json.dumps({"name": "python"}))
     pkg = tmp_path / "site-packages" / "sm7x"
     (pkg / "fa2").mkdir(parents=True)
@@ -47,7 +48,7 @@ def test_collect_with_fake_devices(fake_install):
     info = doctor.collect(DEVICES, prefix=prefix, package_dir=pkg)
     json.dumps(info)  # plain data all the way down
     assert info["gpu_source"] == "caller"
-    assert [p["name"] for p in info["packages"]["conda"]] == ["sm7x", "sm7x-fa2-sm70"]
+    assert [p["name"] for p in info["packages"]["conda"]] == ["sm7x", "sm7x-fa2", "sm7x-fa2-sm70"]
     assert {"file": os.path.join("fa2", "_fa2_sm70.abi3.so"), "size": 123} in info["libraries"]
     assert {"file": "_core.abi3.so", "size": 7} in info["libraries"]
 
@@ -59,13 +60,19 @@ def test_collect_with_fake_devices(fake_install):
     assert "tensor cores" in gtx["fa2"]["error"]
     assert "FlashAttention" in h200["fa2"]["error"]
     assert info["node"] == {"required_packages": ["sm7x-fa2-sm70", "sm7x-fa2-sm75"],
-                            "min_capability_package": "sm7x-fa2-sm70"}
+                            "uncovered_gpus": []}  # the sm70 library runs on the V100 and the T4
+    solver = info["solver"]  # the lowest capability of the node is the V100's 7.0
+    assert solver["cuda_arch"] == "7.0" and "cuda:0" in solver["cuda_arch_source"]
+    assert solver["variant"] == "sm70" and solver["packages"] == ["sm7x-fa2-sm70"]
+    assert solver["installed_variant"] == "sm70"
     (warning,) = info["warnings"]
     assert "sm7x-fa2-sm75" in warning and "pixi add sm7x-fa2-sm75" in warning
 
     text = doctor.render(info)
     for needle in ("Tesla T4, compute capability 7.5", "NOT installed", "refused",
-                   "pixi add sm7x-fa2-sm75", "_core.abi3.so (7 bytes)"):
+                   "pixi add sm7x-fa2-sm75", "_core.abi3.so (7 bytes)",
+                   "__cuda_arch 7.0 (the lowest capability of the 4 GPUs, cuda:0",
+                   "picks sm7x-fa2 build 'sm70' -> sm7x-fa2-sm70"):
         assert needle in text
 
 
@@ -75,6 +82,53 @@ def test_collect_missing_library_warns_with_hint(tmp_path, monkeypatch):
                           package_dir=tmp_path)
     assert info["gpus"][0]["fa2"]["installed"] is False
     assert "conda install -c <channel> sm7x-fa2-sm70" in info["warnings"][0]
+    assert "is not covered by the installed FA2 libraries (installed: none)" in info["warnings"][0]
+    assert info["node"]["uncovered_gpus"] == [0]
+
+
+def test_t4_library_does_not_cover_a_v100(fake_install):
+    """An env solved on a Turing node (sm75 only) and used on a Volta node: warned."""
+    prefix, pkg = fake_install
+    (pkg / "fa2" / "_fa2_sm70.abi3.so").rename(pkg / "fa2" / "_fa2_sm75.abi3.so")
+    info = doctor.collect([Device(0, "Tesla T4", (7, 5)), Device(1, "Tesla V100", (7, 0))],
+                          prefix=prefix, package_dir=pkg)
+    assert info["node"]["uncovered_gpus"] == [1]
+    (warning,) = info["warnings"]
+    assert warning.startswith("cuda:1 (Tesla V100, 7.0) is not covered")
+    assert "installed: sm7x-fa2-sm75" in warning and "sm7x-fa2-sm70" in warning
+
+
+@pytest.mark.parametrize("override, cuda, arch, variant", [
+    ("7.5", "12.4", "7.5", "sm75"),
+    ("8.0", "12.4", "8.0", "sm75"),
+    ("", None, None, "all"),
+    ("7.0", None, "7.0", "sm70"),  # also warns: rattler-based tools need CONDA_OVERRIDE_CUDA
+])
+def test_solver_pick_follows_override(fake_install, monkeypatch, override, cuda, arch, variant):
+    prefix, pkg = fake_install
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", override)
+    if cuda:
+        monkeypatch.setenv("CONDA_OVERRIDE_CUDA", cuda)
+    info = doctor.collect([Device(0, "Tesla V100", (7, 0))], prefix=prefix, package_dir=pkg)
+    solver = info["solver"]
+    assert (solver["cuda_arch"], solver["variant"]) == (arch, variant)
+    assert "CONDA_OVERRIDE_CUDA_ARCH" in solver["cuda_arch_source"]
+    needs_cuda = bool(override) and not cuda
+    assert any("CONDA_OVERRIDE_CUDA is not" in w for w in info["warnings"]) == needs_cuda
+    text = doctor.render(info)
+    assert ("this environment has sm7x-fa2 build 'sm70'" in text) == (variant != "sm70")
+
+
+def test_solver_without_gpus_is_the_fallback(tmp_path):
+    info = doctor.collect([], prefix=tmp_path, package_dir=tmp_path)
+    assert info["solver"]["variant"] == "all" and info["solver"]["cuda_arch"] is None
+    assert "__cuda_arch absent (no GPU found)" in doctor.render(info)
+
+
+def test_bad_override_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", "sm75")
+    info = doctor.collect([], prefix=tmp_path, package_dir=tmp_path)
+    assert "MAJOR.MINOR" in info["solver"]["error"] and "cannot tell" in doctor.render(info)
 
 
 def test_collect_forced_shows_in_report(monkeypatch, fake_install):

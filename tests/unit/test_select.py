@@ -16,7 +16,9 @@ from sm7x._select import (
     head_dim_error,
     library_path,
     missing_library_error,
-    package_for_min_capability,
+    node_cuda_arch,
+    selector_pick,
+    covering_archs,
     required_packages,
     select_fa2_library,
 )
@@ -276,14 +278,44 @@ def test_required_packages_forced():
 
 
 @pytest.mark.parametrize(
-    "devices, package",
+    "devices, arch, variant, packages",
     [
-        ([V100, T4], "sm7x-fa2-sm70"),  # sm_70 code also runs on the T4
-        ([T4], "sm7x-fa2-sm75"),
-        ([T4, A100], "sm7x-fa2-sm75"),
-        ([dev(6, 1), T4], None),
-        ([], None),
+        ([V100, T4], "7.0", "sm70", ("sm7x-fa2-sm70",)),  # sm_70 code also runs on the T4
+        ([T4], "7.5", "sm75", ("sm7x-fa2-sm75",)),
+        ([T4, A100], "7.5", "sm75", ("sm7x-fa2-sm75",)),
+        ([A100], "8.0", "sm75", ("sm7x-fa2-sm75",)),  # the documented choice for >= 8.0
+        ([dev(6, 1), T4], "6.1", None, ()),  # the solve fails: nothing runs on Pascal
+        ([], None, "all", ("sm7x-fa2-sm70", "sm7x-fa2-sm75")),
     ],
 )
-def test_package_for_min_capability(devices, package):
-    assert package_for_min_capability(devices) == package
+def test_selector_pick_for_node(devices, arch, variant, packages):
+    """What a conda/pixi solve of sm7x-fa2 installs, from the node's minimum capability."""
+    assert node_cuda_arch(devices, environ={})[0] == arch
+    pick = selector_pick(arch)
+    assert (pick.variant, pick.packages) == (variant, packages)
+
+
+@pytest.mark.parametrize(
+    "built, arch, variant",
+    [
+        (["sm75"], "7.0", None),  # a Turing-only channel cannot serve a Volta node
+        (["sm75"], None, "all"),
+        (["sm70"], "7.5", "all"),  # a Volta-only channel's fallback also runs on Turing
+        (["sm70"], "7.0", "sm70"),
+    ],
+)
+def test_selector_pick_for_single_arch_channels(built, arch, variant):
+    assert selector_pick(arch, built).variant == variant
+
+
+def test_node_cuda_arch_override():
+    assert node_cuda_arch([V100], environ={"CONDA_OVERRIDE_CUDA_ARCH": "7.5"})[0] == "7.5"
+    assert node_cuda_arch([V100], environ={"CONDA_OVERRIDE_CUDA_ARCH": " "})[0] is None
+    with pytest.raises(ValueError, match="MAJOR.MINOR"):
+        node_cuda_arch([], environ={"CONDA_OVERRIDE_CUDA_ARCH": "sm_75"})
+
+
+def test_covering_archs():
+    assert covering_archs(V100) == ("sm70",)
+    assert covering_archs(T4) == ("sm70", "sm75")
+    assert covering_archs(A100) == () and covering_archs(dev(6, 1)) == ()

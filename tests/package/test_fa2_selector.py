@@ -1,0 +1,117 @@
+"""The sm7x-fa2 selector (CEP 46 __cuda_arch), solved and installed by py-rattler (the
+engine of pixi) from ./channel: exactly which FA2 packages and libraries land per node.
+
+The node kind is faked the way users fake it on login nodes: CONDA_OVERRIDE_CUDA_ARCH
+(with CONDA_OVERRIDE_CUDA, without which rattler-based tools ignore the arch override).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from rattler import BuildString, GenericVirtualPackage, PackageName, Version
+
+from builder import envs
+from pkgtest import CHANNELS, run
+from sm7x._select import selector_pick
+
+BOTH = {"sm7x-fa2-sm70", "sm7x-fa2-sm75"}
+ALWAYS = {"sm7x", "sm7x-ext", "sm7x-core", "sm7x-fa2"}
+LIBS = {"sm7x-fa2-sm70": "_fa2_sm70.abi3.so", "sm7x-fa2-sm75": "_fa2_sm75.abi3.so"}
+
+# CONDA_OVERRIDE_CUDA_ARCH (None: unset) -> (sm7x-fa2 build, FA2 packages installed)
+CASES = {
+    "7.0": ("sm70", {"sm7x-fa2-sm70"}),  # V100; also a V100 + T4 node (min is 7.0)
+    "7.5": ("sm75", {"sm7x-fa2-sm75"}),  # T4, RTX 8000
+    # Ampere+: the documented choice (README): the sm75 library, refused at run time
+    # unless forced; it is the one whose PTX runs fast there and it serves Turing too.
+    "8.0": ("sm75", {"sm7x-fa2-sm75"}),
+    None: ("all", BOTH),  # login node without GPUs
+    "": ("all", BOTH),  # override set but empty: no __cuda_arch even with __cuda present
+}
+
+
+def _override(monkeypatch, arch):
+    if arch is None:
+        monkeypatch.delenv("CONDA_OVERRIDE_CUDA_ARCH", raising=False)
+        monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
+    else:
+        monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", arch)
+        monkeypatch.setenv("CONDA_OVERRIDE_CUDA", "12.4")
+
+
+@pytest.mark.parametrize("arch", list(CASES), ids=lambda a: "absent" if a is None else a or "empty")
+def test_install_per_node_kind(tmp_path, monkeypatch, arch):
+    build, fa2 = CASES[arch]
+    _override(monkeypatch, arch)
+    env = envs.create(tmp_path / "env", ["sm7x", "python 3.11.*"], CHANNELS)
+    sm7x = {r.name.normalized: r for r in env.records if r.name.normalized.startswith("sm7x")}
+    assert set(sm7x) == ALWAYS | fa2
+    assert str(sm7x["sm7x-fa2"].build).startswith(build + "_")
+
+    # exactly the selected libraries are on disk, nothing of the other arch
+    site = next(env.prefix.glob("lib/python3.11/site-packages"))
+    libs = {p.name for p in (site / "sm7x" / "fa2").glob("*.so")}
+    assert libs == {LIBS[p] for p in fa2}
+
+    # the doctor in that environment predicts the same pick and sees it installed
+    info = json.loads(run(env, "-m", "sm7x", "doctor", "--json"))
+    assert info["solver"]["variant"] == build
+    assert info["solver"]["installed_variant"] == build
+    assert set(info["solver"]["packages"]) == fa2
+
+
+def _vpkgs(arch):
+    base = [("__unix", "0"), ("__linux", "6.1"), ("__glibc", "2.36")]
+    if arch is not None:
+        base += [("__cuda", "12.4"), ("__cuda_arch", arch)]
+    return [GenericVirtualPackage(PackageName(n), Version(v), BuildString("0")) for n, v in base]
+
+
+@pytest.mark.parametrize("arch", [None, "7.0", "7.2", "7.5", "8.0", "8.6", "9.0", "12.0"])
+def test_solver_matches_the_doctors_rules(arch):
+    """sm7x._select.selector_pick (what the doctor reports) is what the solver does."""
+    records = _solve(["sm7x-fa2"], _vpkgs(arch))
+    pick = selector_pick(arch)
+    got = {r.name.normalized: r for r in records}
+    assert str(got["sm7x-fa2"].build).startswith(pick.variant + "_")
+    assert got["sm7x-fa2"].build_number == pick.build_number
+    assert {n for n in got if n.startswith("sm7x-fa2-")} == set(pick.packages)
+
+
+def test_pascal_node_is_refused_by_the_solver():
+    """Below 7.0 nothing runs: the solve fails and says __cuda_arch is why."""
+    assert selector_pick("6.1").variant is None
+    with pytest.raises(Exception, match="__cuda_arch"):
+        _solve(["sm7x", "python 3.11.*"], _vpkgs("6.1"))
+
+
+def test_core_is_constrained_to_its_oldest_arch():
+    """sm7x-core refuses GPUs its code cannot run on, but not nodes without __cuda_arch."""
+    from pkgtest import CHANNEL
+
+    data = json.loads((CHANNEL / "linux-64" / "repodata.json").read_text())
+    cores = [r for r in data["packages.conda"].values() if r["name"] == "sm7x-core"]
+    assert cores and all(any(c.startswith("__cuda_arch >=7.") for c in r["constrains"]) for r in cores)
+    assert not any(d.startswith("__cuda_arch") for r in cores for d in r["depends"])
+
+
+def _solve(specs, vpkgs):
+    import asyncio
+
+    from rattler import solve
+
+    sources = [c.resolve().as_uri() for c in CHANNELS]
+    return asyncio.run(solve(sources, specs, platforms=["linux-64", "noarch"], virtual_packages=vpkgs))
+
+
+def test_override_without_cuda_is_ignored_by_rattler(monkeypatch):
+    """The pitfall the doctor warns about: the arch override alone is not seen."""
+    from rattler import VirtualPackage, VirtualPackageOverrides
+
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", "7.0")
+    monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
+    names = {str(v).split("(")[0] for v in VirtualPackage.detect(VirtualPackageOverrides.from_env())}
+    assert "CudaArch" not in names and os.environ["CONDA_OVERRIDE_CUDA_ARCH"] == "7.0"
