@@ -65,9 +65,17 @@ def main(argv=None) -> int:
     if args.prefix.exists():
         shutil.rmtree(args.prefix)
     env = create(args.prefix, args.specs, args.channel or [REPO / "channel", bootstrap.CHANNEL])
-    print(f"{len(env.records)} packages; solve {env.solve_s:.2f} s, install {env.install_s:.2f} s -> {env.prefix}")
+    print(f"{len(env.records)} packages; solve {env.solve_s * 1000:.1f} ms, install {env.install_s * 1000:.0f} ms -> {env.prefix}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # py-rattler's runtime can abort while the interpreter shuts down right after a
+    # solve (DESIGN.md): flush and leave without running finalizers.
+    import os
+    import sys
+
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
