@@ -40,19 +40,31 @@ def publish(built: Path, channel: Path, stamp: str) -> list[Path]:
         (tmp / sub).mkdir(parents=True)
     for pkg in pkgs:
         shutil.copy2(pkg, tmp / pkg.parent.name / pkg.name)
-    asyncio.run(index.index_fs(tmp, write_zst=False, write_shards=False, force=True))
-    for sub in SUBDIRS:
-        data = json.loads((tmp / sub / "repodata.json").read_text())
-        if "packages.conda" not in data:
-            raise BuildFailed(f"indexing {tmp / sub} wrote no monolithic repodata.json")
+    index_dir(tmp)
     (tmp / STAMP).write_text(stamp + "\n")
-    old = channel.with_name(channel.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if channel.exists():
-        channel.rename(old)
-    tmp.rename(channel)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, channel)
     return packages(channel)
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Put the finished directory `tmp` in place of `target` by renames; the old one goes last."""
+    old = target.with_name(target.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def index_dir(directory: Path) -> None:
+    """Index a channel directory in place: a monolithic repodata.json in every subdir."""
+    for sub in SUBDIRS:
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+    asyncio.run(index.index_fs(directory, write_zst=False, write_shards=False, force=True))
+    for sub in SUBDIRS:
+        data = json.loads((directory / sub / "repodata.json").read_text())
+        if "packages.conda" not in data:
+            raise BuildFailed(f"indexing {directory / sub} wrote no monolithic repodata.json")
 
 
 def records(channel: Path) -> list[dict]:

@@ -1,0 +1,353 @@
+"""./airgap.sh: bundles solved for a GPU node and for a login node, installed offline from
+the bundle alone; verify against tampering (also after a re-index); merge of channels from
+several machines; clear errors. Bundles are module-scoped: the pytorch one is made once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import tomllib
+from pkgtest import CHANNEL, CHANNELS, run
+from rattler import LockFile, install
+from rattler.explicit_environment import ExplicitEnvironmentSpec
+from rattler.package_streaming import extract
+from rattler_build import assemble_package
+
+from builder import REPO, bootstrap, envs
+from builder.airgap import AirgapError, digest
+from builder.airgap.bundle import EnvRequest, bundle, requests_from_args, split_specs
+from builder.airgap.merge import compare_content, merge
+from builder.airgap.verify import verify
+from builder.channel import SUBDIRS, index_dir
+
+pytestmark = pytest.mark.package
+
+SPECS = ["sm7x", "python 3.11.*"]
+SM7X = {"sm7x", "sm7x-core", "sm7x-ext"}
+
+
+def channel_files(channel: Path) -> dict[str, dict]:
+    """{subdir/file: record} of an indexed channel."""
+    out = {}
+    for sub in SUBDIRS:
+        data = json.loads((channel / sub / "repodata.json").read_text())
+        out.update({f"{sub}/{fn}": rec for fn, rec in data["packages.conda"].items()})
+    return out
+
+
+def lock_envs(out: Path) -> dict[str, list]:
+    lock = LockFile.from_path(out / "pixi.lock")
+    return {name: env.conda_repodata_records()["linux-64"] for name, env in lock.environments()}
+
+
+def airgap(*args, cwd=REPO):
+    """Run the CLI as a user does; wide output so messages are not wrapped."""
+    return subprocess.run([sys.executable, "-m", "builder.airgap", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "COLUMNS": "250"}, check=False)
+
+
+def repack(src: Path, out_dir: Path, edit=None, level: int = 9) -> Path:
+    """Re-assemble a package with rattler-build from its own files and metadata, optionally edited."""
+    work = out_dir / "extract"
+    extract(src, work)
+    ij = json.loads((work / "info" / "index.json").read_text())
+    shutil.rmtree(work / "info")
+    if edit:
+        edit(work)
+    built = assemble_package(
+        name=ij["name"], version=ij["version"], target_platform=ij["subdir"], build_string=ij["build"],
+        output_dir=out_dir, files_dir=work, depends=ij.get("depends", []), constrains=ij.get("constrains", []),
+        build_number=ij["build_number"], noarch=ij.get("noarch"), license=ij.get("license"),
+        timestamp=datetime.fromtimestamp(ij["timestamp"] / 1000, tz=timezone.utc), compression_level=level,
+        detect_prefix=False)
+    shutil.rmtree(work)
+    return Path(built.path)
+
+
+def edit_init(root: Path) -> None:
+    init = next(root.rglob("sm7x/__init__.py"))
+    init.write_text(init.read_text() + "\n# changed on another machine\n")
+
+
+def make_channel(path: Path, files: dict[str, Path]) -> Path:
+    """A channel at `path` from {subdir/file: source}, indexed with rattler."""
+    for rel, src in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, path / rel)
+    index_dir(path)
+    return path
+
+
+# --- bundles -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """cu75: a Turing node (__cuda_arch 7.5); login: no GPU (the fallback)."""
+    out = tmp_path_factory.mktemp("airgap") / "bundle"
+    result = bundle(out, [EnvRequest("cu75", SPECS, "7.5"), EnvRequest("login", SPECS)], CHANNELS)
+    for env in result.envs:
+        print(f"solve {env.request.name}: {env.solve_s:.3f} s, {len(env.records)} packages, {env.size / 1e6:.1f} MB")
+    print(f"bundle: {result.packages} packages, {result.size / 1e6:.1f} MB, {result.seconds:.1f} s")
+    return result
+
+
+@pytest.fixture(scope="module")
+def torch_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("airgap-torch") / "bundle"
+    return bundle(out, [EnvRequest("torch", ["sm7x", "pytorch", "python 3.11.*"], "7.5")], CHANNELS)
+
+
+def names(records) -> set[str]:
+    return {r.name.normalized for r in records}
+
+
+def test_bundle_channel_holds_exactly_the_solved_packages(small):
+    envs_ = lock_envs(small.out)
+    assert set(envs_) == {"cu75", "login", "default"}
+    assert {r.file_name for r in envs_["default"]} == {r.file_name for r in envs_["cu75"]}
+    union = {f"{r.subdir}/{r.file_name}" for recs in envs_.values() for r in recs}
+    assert set(channel_files(small.out / "channel")) == union
+    on_disk = {f"{p.parent.name}/{p.name}" for sub in SUBDIRS for p in (small.out / "channel" / sub).glob("*.conda")}
+    assert on_disk == union
+    for name in ("cu75", "login"):
+        assert SM7X | {"python", "python_abi"} <= names(envs_[name])
+        assert "pytorch" not in names(envs_[name])
+
+
+def test_fa2_selection_follows_cuda_arch(small):
+    envs_ = lock_envs(small.out)
+    cu75, login = names(envs_["cu75"]), names(envs_["login"])
+    assert "sm7x-fa2" in cu75 and "sm7x-fa2-sm75" in cu75 and "sm7x-fa2-sm70" not in cu75
+    assert {"sm7x-fa2", "sm7x-fa2-sm70", "sm7x-fa2-sm75"} <= login
+    selector = {name: next(r for r in recs if r.name.normalized == "sm7x-fa2") for name, recs in envs_.items()}
+    assert any(d.startswith("__cuda_arch >=7.5") for d in selector["cu75"].depends)
+    assert not any(d.startswith("__cuda_arch") for d in selector["login"].depends)
+
+
+def test_lock_explicit_and_manifest_agree_with_the_files(small):
+    out = small.out
+    manifest = json.loads((out / "bundle.json").read_text())
+    assert manifest["format_version"] == 1 and manifest["channel_url"] == small.channel_url
+    assert manifest["tools"]["py-rattler"] == "0.28.0"
+    vp = manifest["environments"]
+    assert "__cuda_arch=7.5=0" in vp["cu75"]["virtual_packages"]
+    assert any(v.startswith("__cuda=") for v in vp["cu75"]["virtual_packages"])
+    assert not any(v.startswith("__cuda") for v in vp["login"]["virtual_packages"])
+    for rel, rec in manifest["files"].items():
+        assert digest(out / rel).sha256 == rec["sha256"], rel
+    for name, records in lock_envs(out).items():
+        for r in records:
+            assert r.url.startswith(small.channel_url + "/")
+            path = out / "channel" / r.subdir / r.file_name
+            assert digest(path).sha256 == r.sha256.hex() and path.stat().st_size == r.size
+        if name == "default":
+            continue
+        text = (out / "envs" / f"{name}.txt").read_text()
+        assert "#sha256:" in text.split("@EXPLICIT")[0]  # the header says which hash form
+        spec = ExplicitEnvironmentSpec.from_path(out / "envs" / f"{name}.txt")
+        assert str(spec.platform) == "linux-64"
+        urls = [p.url for p in spec.packages]
+        assert {u.split("#")[0].rsplit("/", 1)[1] for u in urls} == {r.file_name for r in records}
+        for url in urls:
+            file_url, _, frag = url.partition("#")
+            assert frag.startswith("sha256:")
+            assert digest(Path(file_url.removeprefix("file://"))).sha256 == frag.removeprefix("sha256:")
+    toml = tomllib.loads((out / "pixi.toml").read_text())
+    assert toml["workspace"]["channels"] == [small.channel_url]
+    assert set(toml["environments"]) == {"cu75", "login"}
+    assert toml["feature"]["cu75"]["dependencies"] == {"sm7x": "*", "python": "3.11.*"}
+
+
+def test_offline_install_from_the_lock_alone(small, tmp_path):
+    records = lock_envs(small.out)["cu75"]
+    prefix = tmp_path / "env"
+    # a fresh package cache: every package must come from the bundle's channel
+    asyncio.run(install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    env = envs.Env(prefix, records, 0.0, 0.0)
+    out = run(env, "-c", "import sm7x, sm7x._sched; print(sm7x.__file__)")
+    assert str(prefix) in out
+    fa2 = {p.name for p in (prefix / "lib/python3.11/site-packages/sm7x/fa2").glob("_fa2_*.so")}
+    assert fa2 == {"_fa2_sm75.abi3.so"}  # the Turing node's library only
+
+
+def test_verify_passes_with_an_offline_resolve(small):
+    report = verify(small.out)
+    assert report.ok, report.problems
+    assert report.packages == small.packages
+    print(f"verify: {report.packages} packages, {report.bytes / 1e6:.1f} MB in {report.seconds:.2f} s")
+
+
+def test_pytorch_bundle(torch_bundle):
+    env = torch_bundle.envs[0]
+    assert {"pytorch", "python"} | SM7X <= names(env.records)
+    print(f"pytorch bundle: {torch_bundle.packages} packages, {torch_bundle.size / 1e6:.0f} MB, "
+          f"solve {env.solve_s:.3f} s, written in {torch_bundle.seconds:.1f} s")
+    assert torch_bundle.size > 100e6
+    report = verify(torch_bundle.out)
+    assert report.ok, report.problems
+    print(f"verify pytorch bundle: {report.seconds:.2f} s")
+
+
+# --- tampering -----------------------------------------------------------------------------
+
+@pytest.fixture
+def copy(small, tmp_path):
+    dst = tmp_path / "bundle"
+    shutil.copytree(small.out, dst)
+    return dst
+
+
+def sm7x_pkg(channel: Path) -> Path:
+    return next((channel / "noarch").glob("sm7x-0*.conda"))
+
+
+def problems_for(report, path: Path, root: Path) -> list[str]:
+    return [p.problem for p in report.problems if p.file == str(path.relative_to(root))]
+
+
+def test_tampered_package_names_file_hashes_and_sources(copy):
+    pkg = sm7x_pkg(copy / "channel")
+    want = digest(pkg).sha256
+    with open(pkg, "ab") as f:
+        f.write(b"\0")
+    got = digest(pkg).sha256
+    report = verify(copy)
+    assert not report.ok
+    [text] = problems_for(report, pkg, copy)
+    assert got[:12] in text and want[:12] in text
+    for source in ("repodata.json", "pixi.lock", "envs/cu75.txt", "envs/login.txt", "bundle.json"):
+        assert source in text
+    proc = airgap("verify", copy)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert pkg.name in proc.stdout and want[:12] in proc.stdout and "re-make it" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    print(proc.stdout)
+
+
+def test_tamper_and_reindex_is_caught_by_the_independent_records(copy, tmp_path):
+    pkg = sm7x_pkg(copy / "channel")
+    want = digest(pkg).sha256
+    changed = repack(pkg, tmp_path / "changed", edit=edit_init)
+    shutil.copyfile(changed, pkg)
+    index_dir(copy / "channel")  # repodata.json now agrees with the altered file
+    assert verify(copy / "channel").ok  # a repodata-only check passes...
+    report = verify(copy)  # ...the bundle's own records do not
+    [text] = problems_for(report, pkg, copy)
+    assert want[:12] in text and "pixi.lock" in text and "bundle.json" in text
+    assert "repodata.json" not in text
+    assert problems_for(report, copy / "channel" / "noarch" / "repodata.json", copy)  # bundle.json has its hash
+
+
+def test_missing_package_and_unlisted_file(copy):
+    pkg = sm7x_pkg(copy / "channel")
+    pkg.unlink()
+    extra = next((CHANNEL / "linux-64").glob("sm7x-ext-*py310*.conda"))
+    shutil.copyfile(extra, copy / "channel" / "linux-64" / extra.name)
+    report = verify(copy)
+    [missing] = problems_for(report, pkg, copy)
+    assert missing.startswith("missing") and "pixi.lock" in missing
+    [unlisted] = problems_for(report, copy / "channel" / "linux-64" / extra.name, copy)
+    assert "not listed" in unlisted
+
+
+# --- merge ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory):
+    """Two channels as two CI machines would make them: everything but the sm70 library on
+    one, and the noarch sm7x, the py3.11 sm7x-ext and the sm70 library on the other."""
+    root = tmp_path_factory.mktemp("merge")
+    files = {rel: CHANNEL / rel for rel in channel_files(CHANNEL)}
+    sm70 = {rel for rel in files if "sm7x-fa2-sm70" in rel}
+    shared = {rel for rel in files if rel.startswith("noarch/sm7x-0") or ("sm7x-ext" in rel and "py311" in rel)}
+    a = make_channel(root / "ch-a", {rel: src for rel, src in files.items() if rel not in sm70})
+    b = make_channel(root / "ch-b", {rel: files[rel] for rel in sm70 | shared})
+    return root, a, b
+
+
+def test_merge_keeps_one_copy_of_identical_packages(machines):
+    root, a, b = machines
+    out = root / "merged"
+    result = merge(out, [a, b], [bootstrap.CHANNEL])
+    print(f"merge: {len(result.entries)} packages in {result.seconds:.2f} s")
+    assert {k: r["sha256"] for k, r in channel_files(out).items()} == \
+        {k: r["sha256"] for k, r in channel_files(CHANNEL).items()}
+    notes = {e.path.name: e.notes for e in result.entries}
+    assert notes[sm7x_pkg(out).name] == ["identical in 2"]
+    assert verify(out, [bootstrap.CHANNEL]).ok
+
+
+def test_merge_treats_a_rebuilt_package_with_the_same_content_as_one(machines, tmp_path):
+    _, a, b = machines
+    original = sm7x_pkg(CHANNEL)
+    rebuilt = repack(original, tmp_path / "rebuilt", level=3)
+    assert digest(rebuilt).sha256 != digest(original).sha256 and not compare_content(rebuilt, original)
+    c = make_channel(tmp_path / "ch-c", {f"noarch/{rebuilt.name}": rebuilt})
+    result = merge(tmp_path / "merged", [a, b, c], [bootstrap.CHANNEL])
+    [entry] = [e for e in result.entries if e.path.name == rebuilt.name]
+    assert entry.channel == 1 and entry.notes[0] == "identical in 2" and "3 has the same content" in entry.notes[1]
+    assert digest(sm7x_pkg(tmp_path / "merged")).sha256 == digest(original).sha256
+
+
+def test_merge_refuses_a_conflicting_package(machines, tmp_path):
+    _, a, b = machines
+    changed = repack(sm7x_pkg(CHANNEL), tmp_path / "changed", edit=edit_init)
+    d = make_channel(tmp_path / "ch-d", {f"noarch/{changed.name}": changed})
+    out = tmp_path / "merged"
+    with pytest.raises(AirgapError, match=changed.name) as exc:
+        merge(out, [a, d], [bootstrap.CHANNEL])
+    assert "sm7x/__init__.py" in str(exc.value) and str(d) in str(exc.value)
+    assert not out.exists() and not (tmp_path / "merged.partial").exists()
+    proc = airgap("merge", out, a, d)
+    assert proc.returncode == 1 and "same file name but different content" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr and not out.exists()
+    # the metadata agree (same recipe and variant, built twice): --keep-first takes channel 1's
+    kept = merge(out, [a, b, d], [bootstrap.CHANNEL], keep_first=True)
+    [entry] = [e for e in kept.entries if e.path.name == changed.name]
+    assert entry.channel == 1 and entry.notes[1].startswith("--keep-first: 3 has other content")
+    assert digest(sm7x_pkg(out)).sha256 == digest(sm7x_pkg(CHANNEL)).sha256
+
+
+# --- CLI errors ----------------------------------------------------------------------------
+
+def test_split_specs_keeps_version_ranges():
+    assert split_specs("sm7x,python >=3.10,<3.12") == ["sm7x", "python >=3.10,<3.12"]
+    assert split_specs("sm7x, pytorch,python=3.11") == ["sm7x", "pytorch", "python=3.11"]
+    with pytest.raises(AirgapError, match="--cuda-arch"):
+        requests_from_args(["a=sm7x"], ["b=7.5"], None)
+    with pytest.raises(AirgapError, match="lowercase"):
+        requests_from_args(["A_B=sm7x"], [], None)
+
+
+@pytest.mark.parametrize("env, message", [
+    ("x=sm7x-nosuch", "No candidates were found for sm7x-nosuch"),
+    ("x=sm7x,python 3.9.*", "cannot be solved"),
+    ("x=sm7x[build=", "not a valid match spec"),
+])
+def test_cli_errors_are_clear_and_leave_nothing(small, tmp_path, env, message):
+    existing = tmp_path / "bundle"
+    shutil.copytree(small.out, existing)
+    before = (existing / "bundle.json").read_bytes()
+    proc = airgap("bundle", existing, "--env", env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert message in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    assert (existing / "bundle.json").read_bytes() == before
+    assert not (tmp_path / "bundle.partial").exists()
+    fresh = airgap("bundle", tmp_path / "new", "--env", env)
+    assert fresh.returncode == 1 and not (tmp_path / "new").exists() and not (tmp_path / "new.partial").exists()
+
+
+def test_cli_usage_errors(tmp_path):
+    assert airgap("bundle").returncode == 2
+    proc = airgap("bundle", tmp_path / "x")
+    assert proc.returncode == 1 and "--env" in proc.stdout
+    proc = airgap("verify", tmp_path)
+    assert proc.returncode == 1 and "neither a bundle" in proc.stdout
