@@ -70,12 +70,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # py-rattler's runtime can abort while the interpreter shuts down right after a
-    # solve (DESIGN.md): flush and leave without running finalizers.
-    import os
-    import sys
+    from . import exit_now
 
-    rc = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    exit_now(main())

@@ -22,13 +22,11 @@ Exit status: 0 ok, 1 failed (the message says why and what to do), 2 wrong usage
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
 from rich.markup import escape
 
-from .. import REPO, BuildFailed, bootstrap
+from .. import REPO, BuildFailed, bootstrap, exit_now
 from ..ui import console
 
 DEFAULT_CHANNELS = [REPO / "channel", bootstrap.CHANNEL]
@@ -112,8 +110,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # py-rattler can crash at interpreter exit right after a solve (DESIGN.md): leave at once
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(main())
