@@ -38,6 +38,7 @@ from ..channel import SUBDIRS, index_dir, replace_dir
 FORMAT = "sm7x-airgap-bundle"
 FORMAT_VERSION = 1
 PACKAGE_SUFFIXES = (".conda", ".tar.bz2")
+SHA256SUMS = "SHA256SUMS"  # coreutils format, for the air-gapped side
 # what py-rattler raises (its errors share no base class but Exception), and reading a damaged file
 RATTLER_ERRORS = tuple(v for v in vars(rattler.exceptions).values() if isinstance(v, type) and issubclass(v, Exception))
 READ_ERRORS = (*RATTLER_ERRORS, OSError, ValueError)

@@ -10,6 +10,7 @@ result is one directory that installs with no network:
     OUT/envs/NAME.txt               conda @EXPLICIT files, `URL#sha256:<hex>` lines
     OUT/bundle.json                 manifest: tools, source channels, specs, virtual packages,
                                     sha256 and size of every file
+    OUT/SHA256SUMS                  the same hashes for `sha256sum -c` (no tools needed there)
 
 URLs point at `file://<OUT>/channel` (copy OUT to the same path on the other side) or at
 `--base-url`, where OUT/channel will be served. The lock's "default" environment is the
@@ -41,6 +42,7 @@ from rattler import (
 
 from . import (
     FORMAT,
+    SHA256SUMS,
     FORMAT_VERSION,
     RATTLER_ERRORS,
     AirgapError,
@@ -320,6 +322,13 @@ def _manifest(root: Path, envs, channels, channel_url, created, tools) -> dict:
     }
 
 
+def _write_sha256sums(root: Path) -> None:
+    """`sha256sum -c SHA256SUMS` checks the bundle on a node that has nothing but coreutils."""
+    lines = [f"{digest(p).sha256}  {p.relative_to(root)}"
+             for p in sorted(root.rglob("*")) if p.is_file() and p.name != SHA256SUMS]
+    (root / SHA256SUMS).write_text("\n".join(lines) + "\n")
+
+
 def is_bundle(path: Path) -> bool:
     try:
         return read_json(path / "bundle.json").get("format") == FORMAT
@@ -352,6 +361,7 @@ def bundle(out: Path, requests: list[EnvRequest], channels: list[Path], base_url
             _write_explicit(tmp / "envs" / f"{env.request.name}.txt", env, channel_url, created, tools)
         manifest = _manifest(tmp, envs, channels, channel_url, created, tools)
         (tmp / "bundle.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        _write_sha256sums(tmp)
     size = sum(r.size or 0 for r in union.values())
     return BundleResult(out, channel_url, envs, len(union), size, time.monotonic() - start)
 
@@ -384,4 +394,5 @@ def print_summary(result: BundleResult) -> None:
                       f"cd {n} && pixi install --frozen -e {n}\n"
                       f"    conda:      conda create -n {n} --file {out}/envs/{n}.txt   (conda >= 24.9)\n"
                       f"    micromamba: micromamba create -n {n} -f {out}/envs/{n}.txt", soft_wrap=True)
-    console.print(f"  check it first: ./airgap.sh verify {out}", soft_wrap=True)
+    console.print(f"  check it first: ./airgap.sh verify {out}; where only coreutils exist: "
+                  f"cd {out} && sha256sum -c --quiet {SHA256SUMS}", soft_wrap=True)

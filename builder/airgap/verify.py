@@ -30,6 +30,7 @@ from rattler.explicit_environment import ExplicitEnvironmentSpec
 
 from . import (
     RATTLER_ERRORS,
+    SHA256SUMS,
     READ_ERRORS,
     AirgapError,
     Digest,
@@ -179,6 +180,7 @@ class _Verifier:
             self.report.notes.append(f"this bundle's URLs point at {base}, but it lies at {self.root}: "
                                      f"on the target, put it at {url_to_path(base).parent} (or re-make it with "
                                      "--base-url for where it will be served)")
+        self.read_sha256sums(self.root / SHA256SUMS)
         self.read_lock(base, set(envs))
         for name in envs:
             self.read_explicit(self.root / "envs" / f"{name}.txt", base)
@@ -201,6 +203,17 @@ class _Verifier:
                     self.problem(path, f"environment {name!r}: {rec.url} is outside the bundle's channel {base}")
                     continue
                 self.expect[rel].append(("pixi.lock", name, rec.sha256.hex() if rec.sha256 else None, rec.size))
+
+    def read_sha256sums(self, path: Path) -> None:
+        if not path.is_file():
+            self.problem(path, "missing: the air-gapped side checks the bundle with sha256sum -c against it")
+            return
+        for line in path.read_text().splitlines():
+            sha, sep, rel = line.partition("  ")
+            if not sep or len(sha) != 64:
+                self.problem(path, f"line {line!r} is not '<sha256>  <file>'")
+                continue
+            self.expect[rel].append((SHA256SUMS, "", sha, None))
 
     def read_explicit(self, path: Path, base: str) -> None:
         if not path.is_file():

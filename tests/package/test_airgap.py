@@ -179,6 +179,10 @@ def test_offline_install_from_the_lock_alone(small, tmp_path):
 
 
 def test_verify_passes_with_an_offline_resolve(small):
+    sums = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=small.out, capture_output=True, text=True)
+    assert sums.returncode == 0, sums.stdout + sums.stderr
+    listed = {line.split("  ", 1)[1] for line in (small.out / "SHA256SUMS").read_text().splitlines()}
+    assert {"bundle.json", "pixi.lock", "pixi.toml", "envs/cu75.txt"} <= listed
     report = verify(small.out)
     assert report.ok, report.problems
     assert report.packages == small.packages
@@ -223,8 +227,11 @@ def test_tampered_package_names_file_hashes_and_sources(copy):
     assert not report.ok
     [text] = problems_for(report, pkg, copy)
     assert got[:12] in text and want[:12] in text
-    for source in ("repodata.json", "pixi.lock", "envs/cu75.txt", "envs/login.txt", "bundle.json"):
+    for source in ("repodata.json", "pixi.lock", "envs/cu75.txt", "envs/login.txt", "bundle.json", "SHA256SUMS"):
         assert source in text
+    # the air-gapped side, with coreutils only, sees it too
+    sums = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=copy, capture_output=True, text=True)
+    assert sums.returncode == 1 and f"channel/noarch/{pkg.name}: FAILED" in sums.stdout
     proc = airgap("verify", copy)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert pkg.name in proc.stdout and want[:12] in proc.stdout and "re-make it" in proc.stdout
