@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -52,6 +53,11 @@ def main(argv=None) -> int:
         out = (REPO / args.output).resolve()
         want = tree_digest([REPO / s for s in SOURCES] + variant_files,
                            extra=[rattler_build_version(), *channels, *(channel.read_stamp(bootstrap.CHANNEL) or "",)])
+        # The same on every machine that builds this tree against the same toolchain
+        # (no local paths): recorded in each package's about.json for `airgap.sh merge`.
+        os.environ["SM7X_SOURCE_DIGEST"] = tree_digest(
+            [REPO / s for s in SOURCES],
+            extra=[rattler_build_version(), *(args.channel or [channel.read_stamp(bootstrap.CHANNEL) or ""])])
         if not args.force and channel.read_stamp(out) == want:
             console.print(f"[green]sm7x channel up to date[/] ({out})")
         else:

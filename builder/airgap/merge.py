@@ -10,18 +10,20 @@ once under the same file name:
   and every file of info/paths.json with the same sha256): the same package, built twice;
   the first channel's file is kept and the table says so. rattler-build does not write
   byte-identical archives for the same build (see REPRODUCIBILITY below);
-- anything else is a conflict: two different packages under one name, and a mirror can
-  hold one. The merge refuses and lists them all. With `--keep-first` it keeps the first
-  channel's file instead, but only where info/index.json agrees (same name, version, build,
-  dependencies: the same recipe and variant, built twice) and says so in the table.
+- different content, but the same info/index.json (apart from `timestamp`) and the same
+  source digest in info/about.json (`extra: sm7x-source-digest`, which ./build.sh sets
+  from the source tree, the toolchain channel and rattler-build): one recipe variant built
+  from the same source on two machines; the first channel's file is kept;
+- anything else is a conflict: two different packages under one name (e.g. the same
+  version built from two commits), and a mirror can hold one. The merge refuses and lists
+  them all. With `--keep-first` it keeps the first channel's file instead, where
+  info/index.json agrees, and says so in the table.
 
 REPRODUCIBILITY (rattler-build 0.73, measured by building the default variants twice from
 one source tree): no archive came out byte-identical. The noarch `sm7x` differed only in
-index.json's `timestamp` (so it merges as the same package); each sm7x-ext .so only in its
-20-byte GNU build-id; the CUDA libraries in nvcc's per-file anonymous-namespace hash
-(`_GLOBAL__N__<hash>_15_cuda_kernels_cu_<hash>`), which follows the timestamped build
-directory. So a package that two machines both build conflicts: build each package on one
-machine (the Python-only outputs on one of them), or use --keep-first.
+index.json's `timestamp`; each sm7x-ext .so in 19-20 bytes of its GNU build-id; the CUDA
+libraries in nvcc's per-file anonymous-namespace hash (`_GLOBAL__N__<hash>_...`), which
+follows the timestamped build directory. Hence the source digest.
 
 The result is written atomically (OUT.partial, renamed into place), indexed by rattler and
 verified before the rename; a failed merge leaves an existing OUT as it was.
@@ -93,6 +95,34 @@ def _content(path: Path) -> tuple[dict, dict]:
     return index_json, files
 
 
+SOURCE_DIGEST_KEY = "sm7x-source-digest"  # recipe.yaml `extra:`, set by ./build.sh
+
+
+def _identity(path: Path) -> tuple[dict, str | None]:
+    """info/index.json without its build time, and the source digest in info/about.json."""
+
+    async def read():
+        pkg = await PackageArchive.from_path(path)
+        return await pkg.read_file("info/index.json"), await pkg.read_file("info/about.json")
+
+    raw_index, raw_about = asyncio.run(read())
+    index_json = {k: v for k, v in json.loads(raw_index).items() if k not in IGNORED_INDEX_KEYS}
+    extra = json.loads(raw_about or b"{}").get("extra") or {}
+    digest_ = extra.get(SOURCE_DIGEST_KEY)
+    return index_json, None if digest_ in (None, "", "unknown") else str(digest_)
+
+
+def same_build(a: Path, b: Path) -> str | None:
+    """The source digest when a and b are one recipe variant built from the same source and
+    toolchain on two machines (their bytes differ: GNU build-ids, nvcc's per-build-dir
+    names); None otherwise."""
+    try:
+        (ia, da), (ib, db) = _identity(a), _identity(b)
+    except READ_ERRORS:
+        return None
+    return da if da is not None and da == db and ia == ib else None
+
+
 def compare_content(a: Path, b: Path) -> list[str]:
     """What differs between two package archives' content; [] when they are the same package."""
     try:
@@ -140,6 +170,9 @@ def plan(channels: list[Path], keep_first: bool = False) -> list[Entry]:
                 first.notes.append(f"identical in {number}")
             elif not (diffs := compare_content(first.path, entry.path)):
                 first.notes.append(f"{number} has the same content in other bytes (rebuilt): kept {first.channel}'s")
+            elif source := same_build(first.path, entry.path):
+                first.notes.append(f"{number} built the same variant from the same source ({source[:12]}…) "
+                                   f"into other bytes: kept {first.channel}'s")
             elif keep_first and not any(d.startswith("index.json") for d in diffs):
                 first.notes.append(f"--keep-first: {number} has other content ({'; '.join(diffs)}); "
                                    f"kept {first.channel}'s")

@@ -282,8 +282,9 @@ def selector_pick(cuda_arch: str | None, built_archs: Iterable[str] = ARCHS) -> 
     """
     built = tuple(a for a in ARCHS if a in set(built_archs))
     oldest = "7.0" if "sm70" in built else "7.5"
+    fallback_build = 1 if built == ARCHS else 0  # in a merged channel, the one with both wins
     if cuda_arch is None:
-        return SelectorPick("all", 0, tuple(package_name(a) for a in built), None,
+        return SelectorPick("all", fallback_build, tuple(package_name(a) for a in built), None,
                             "no __cuda_arch (no GPU, or the override is empty): the fallback "
                             "build installs every FA2 library, so the environment works on "
                             "any Volta or Turing node")
@@ -293,17 +294,17 @@ def selector_pick(cuda_arch: str | None, built_archs: Iterable[str] = ARCHS) -> 
                "Ampere or newer: sm7x FA2 is refused at run time there unless forced "
                f"({FORCE_ENV}); the sm75 library is the one whose PTX runs fast when forced, "
                "and it also serves Turing nodes sharing the environment")
-        return SelectorPick("sm75", 2, (package_name("sm75"),), cuda_arch,
-                            f"__cuda_arch {cuda_arch} satisfies >=7.5 (build 2): {why}")
+        return SelectorPick("sm75", 3, (package_name("sm75"),), cuda_arch,
+                            f"__cuda_arch {cuda_arch} satisfies >=7.5 (build 3): {why}")
     if (7, 0) <= cap < (7, 5) and "sm70" in built:
-        return SelectorPick("sm70", 1, (package_name("sm70"),), cuda_arch,
-                            f"__cuda_arch {cuda_arch} satisfies >=7.0,<7.5 (build 1): Volta, "
+        return SelectorPick("sm70", 2, (package_name("sm70"),), cuda_arch,
+                            f"__cuda_arch {cuda_arch} satisfies >=7.0,<7.5 (build 2): Volta, "
                             "or a node mixing Volta and Turing (sm_70 code runs on both)")
     if cap >= _parse_cuda_arch(oldest):
         # e.g. a Turing node on a channel built for sm_70 only: the fallback still fits
-        return SelectorPick("all", 0, tuple(package_name(a) for a in built), cuda_arch,
+        return SelectorPick("all", fallback_build, tuple(package_name(a) for a in built), cuda_arch,
                             f"__cuda_arch {cuda_arch}: no build for it in this channel, the "
-                            f"fallback (build 0) fits (it needs __cuda_arch >={oldest})")
+                            f"fallback (build {fallback_build}) fits (it needs __cuda_arch >={oldest})")
     return SelectorPick(None, None, (), cuda_arch,
                         f"__cuda_arch {cuda_arch} is below {oldest}, the oldest GPU this "
                         "channel has kernels for: the solve fails (sm7x needs Volta or newer)")

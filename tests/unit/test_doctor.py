@@ -23,7 +23,7 @@ def fake_install(tmp_path, monkeypatch):
     """A conda prefix with sm7x packages and a package dir holding the sm70 library only."""
     meta = tmp_path / "prefix" / "conda-meta"
     meta.mkdir(parents=True)
-    for name, build in (("sm7x", "h0_0"), ("sm7x-fa2", "sm70_h0_1"), ("sm7x-fa2-sm70", "h0_0")):
+    for name, build in (("sm7x", "h0_0"), ("sm7x-fa2", "sm70_h0_2"), ("sm7x-fa2-sm70", "h0_0")):
         rec = {"name": name, "version": "0.1.0", "build": build, "channel": "file:///ch"}
         (meta / f"{name}-0.1.0-{build}.json").write_text(json.dumps(rec))
     (meta / "python-3.11.7-h0_0.json").write_text(json.dumps({"name": "python"}))

@@ -1,0 +1,136 @@
+"""A CI matrix for real: this tree built a second time with `--variants sm75` (as a second
+machine would), merged with ./channel by `./airgap.sh merge`, and solved per node kind.
+
+Both builds make sm7x-ext for every Python and the noarch packages; they differ in bytes
+(rattler-build is not bit-reproducible) but carry the same source digest, so the merge
+keeps one copy. The CUDA outputs differ in their hash (arch list) and both stay; the
+solver must then never give a Volta node the Turing-only core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+from rattler import BuildString, GenericVirtualPackage, PackageName, Version, solve
+
+from builder import REPO, bootstrap
+from builder.airgap import AirgapError
+from builder.airgap import merge as merge_mod
+from builder.airgap.merge import merge
+from builder.airgap.verify import verify
+from pkgtest import CHANNEL
+from sm7x._select import selector_pick
+
+
+def _repodata(channel):
+    return {f"{sub}/{fn}": rec for sub in ("linux-64", "noarch")
+            for fn, rec in json.loads((channel / sub / "repodata.json").read_text())["packages.conda"].items()}
+
+
+@pytest.fixture(scope="module")
+def sm75_channel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("matrix") / "ch-sm75"
+    proc = subprocess.run([sys.executable, "-m", "builder", "--variants", "sm75", "--no-test", "--output", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def merged(sm75_channel, tmp_path_factory):
+    out = tmp_path_factory.mktemp("matrix") / "merged"
+    result = merge(out, [CHANNEL, sm75_channel], [bootstrap.CHANNEL])
+    print(f"merge of the default and sm75 channels: {len(result.entries)} packages in {result.seconds:.2f} s")
+    return out, result
+
+
+def test_sm75_variant_builds_only_turing_outputs(sm75_channel):
+    """The recipe's skip conditions hold (a skip expression that fails to evaluate is
+    silently false in rattler-build 0.73: this is what caught `.split(';')`)."""
+    files = _repodata(sm75_channel)
+    names = {rec["name"] for rec in files.values()}
+    assert "sm7x-fa2-sm75" in names and "sm7x-fa2-sm70" not in names
+    selectors = sorted(rec["build"].split("_")[0] for rec in files.values() if rec["name"] == "sm7x-fa2")
+    assert selectors == ["all", "sm75"]
+    [fallback] = [rec for rec in files.values() if rec["name"] == "sm7x-fa2" and rec["build"].startswith("all")]
+    assert fallback["depends"] == ["sm7x-fa2-sm75 ==0.1.0"] and fallback["constrains"] == ["__cuda_arch >=7.5"]
+    assert fallback["build_number"] == 0  # below the both-archs fallback of a merged channel
+
+
+def test_single_arch_channel_matches_the_doctors_rules(sm75_channel):
+    for arch in (None, "7.0", "7.5", "8.0"):
+        pick = selector_pick(arch, ["sm75"])
+        try:
+            records = _solve([sm75_channel], ["sm7x-fa2"], arch)
+        except Exception as exc:  # a Volta node on a Turing-only channel: no solution
+            assert pick.variant is None and "__cuda_arch" in str(exc), (arch, exc)
+            continue
+        [sel] = [r for r in records if r.name.normalized == "sm7x-fa2"]
+        assert (str(sel.build).split("_")[0], sel.build_number) == (pick.variant, pick.build_number)
+
+
+def test_shared_outputs_are_rebuilt_bytes_with_one_source(sm75_channel, merged):
+    default, sm75 = _repodata(CHANNEL), _repodata(sm75_channel)
+    shared = sorted(set(default) & set(sm75))
+    assert any("sm7x-ext" in f for f in shared) and "noarch/sm7x-0.1.0-pyh7511447_0.conda" in shared
+    # not bit-identical (so a plain sha256 merge would refuse) ...
+    assert any(default[f]["sha256"] != sm75[f]["sha256"] for f in shared)
+    # ... but one package each in the merge, with a note that says why
+    _, result = merged
+    notes = {e.path.name: " ".join(e.notes) for e in result.entries}
+    for f in shared:
+        name = f.split("/")[1]
+        assert "2 " in notes[name] and ("same source" in notes[name] or "same content" in notes[name]
+                                        or "identical" in notes[name]), (name, notes[name])
+
+
+def test_merged_channel_has_both_cuda_builds_and_verifies(merged):
+    out, _ = merged
+    files = _repodata(out)
+    cores = {rec["build"]: rec for rec in files.values() if rec["name"] == "sm7x-core"}
+    assert len(cores) == 2
+    constrains = sorted(c for rec in cores.values() for c in rec["constrains"] if c.startswith("__cuda_arch"))
+    assert constrains == ["__cuda_arch >=7.0", "__cuda_arch >=7.5"]
+    assert verify(out, [bootstrap.CHANNEL]).ok
+
+
+def _vpkgs(arch):
+    base = [("__unix", "0"), ("__linux", "6.1"), ("__glibc", "2.36")]
+    if arch:
+        base += [("__cuda", "12.4"), ("__cuda_arch", arch)]
+    return [GenericVirtualPackage(PackageName(n), Version(v), BuildString("0")) for n, v in base]
+
+
+def _solve(channels, specs, arch):
+    return asyncio.run(solve([c.as_uri() for c in [*channels, bootstrap.CHANNEL]], specs,
+                             platforms=["linux-64", "noarch"], virtual_packages=_vpkgs(arch)))
+
+
+@pytest.mark.parametrize("arch, fa2", [("7.0", {"sm7x-fa2-sm70"}), ("7.5", {"sm7x-fa2-sm75"}),
+                                       (None, {"sm7x-fa2-sm70", "sm7x-fa2-sm75"})])
+def test_solves_on_the_merged_channel(merged, arch, fa2):
+    out, _ = merged
+    records = _solve([out], ["sm7x", "python 3.11.*"], arch)
+    got = {r.name.normalized: r for r in records}
+    assert {n for n in got if n.startswith("sm7x-fa2-")} == fa2
+    if arch == "7.0":  # the Turing-only core (constrains __cuda_arch >=7.5) is never picked
+        core = json.loads((out / "linux-64" / "repodata.json").read_text())["packages.conda"][got["sm7x-core"].file_name]
+        assert "__cuda_arch >=7.0" in core["constrains"]
+
+
+def test_another_source_under_the_same_name_is_refused(sm75_channel, tmp_path, monkeypatch):
+    """Two commits built into one file name (same metadata, other source digest): refused."""
+    real = merge_mod._identity
+
+    def other_commit(path):
+        index_json, digest = real(path)
+        return index_json, (digest + "-other") if sm75_channel in path.parents else digest
+
+    monkeypatch.setattr(merge_mod, "_identity", other_commit)
+    with pytest.raises(AirgapError, match="same file name but different content"):
+        merge(tmp_path / "out", [CHANNEL, sm75_channel], [bootstrap.CHANNEL])
+    assert not (tmp_path / "out").exists()
