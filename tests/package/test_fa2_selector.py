@@ -111,6 +111,8 @@ def test_override_without_cuda_is_ignored_by_rattler(monkeypatch):
     """The pitfall the doctor warns about: the arch override alone is not seen."""
     from rattler import VirtualPackage, VirtualPackageOverrides
 
+    if any(str(v).startswith("Cuda") for v in VirtualPackage.detect()):
+        pytest.skip("this machine has a CUDA driver: __cuda_arch is detected, not overridden")
     monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", "7.0")
     monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
     names = {str(v).split("(")[0] for v in VirtualPackage.detect(VirtualPackageOverrides.from_env())}
