@@ -33,8 +33,16 @@ CASES = {
 }
 
 
+def _has_driver() -> bool:
+    from rattler import VirtualPackage
+
+    return any(str(v).startswith("Cuda") for v in VirtualPackage.detect())
+
+
 def _override(monkeypatch, arch):
     if arch is None:
+        if _has_driver():
+            pytest.skip("this machine has a CUDA driver: __cuda_arch cannot be absent here")
         monkeypatch.delenv("CONDA_OVERRIDE_CUDA_ARCH", raising=False)
         monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
     else:
@@ -111,7 +119,7 @@ def test_override_without_cuda_is_ignored_by_rattler(monkeypatch):
     """The pitfall the doctor warns about: the arch override alone is not seen."""
     from rattler import VirtualPackage, VirtualPackageOverrides
 
-    if any(str(v).startswith("Cuda") for v in VirtualPackage.detect()):
+    if _has_driver():
         pytest.skip("this machine has a CUDA driver: __cuda_arch is detected, not overridden")
     monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", "7.0")
     monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
