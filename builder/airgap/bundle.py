@@ -7,7 +7,7 @@ result is one directory that installs with no network:
     OUT/channel/{linux-64,noarch}/  the union of the solved packages, indexed by rattler
     OUT/pixi.lock                   one pixi lock environment per NAME (+ "default", see below)
     OUT/pixi.toml                   the manifest that goes with the lock (`pixi install --frozen`)
-    OUT/envs/NAME.txt               conda @EXPLICIT files, `URL#sha256:<hex>` lines
+    OUT/envs/NAME.txt               conda @EXPLICIT files, `URL#<sha256 hex>` lines (CEP 23)
     OUT/bundle.json                 manifest: tools, source channels, specs, virtual packages,
                                     sha256 and size of every file
     OUT/SHA256SUMS                  the same hashes for `sha256sum -c` (no tools needed there)
@@ -238,8 +238,8 @@ def _write_explicit(path: Path, env: SolvedEnv, channel_url: str, created: str, 
         f"# specs: {', '.join(req.specs)}",
         f"# target virtual packages: {' '.join(env.virtual_packages)}",
         f"# made {created} by ./airgap.sh bundle (sm7x {tools['sm7x']}, py-rattler {tools['py-rattler']})",
-        "# Each line is URL#sha256:<hex>. conda >= 24.9 and mamba/micromamba 2 check these hashes;",
-        "# older conda cannot parse them ('Could not parse explicit URL'): update it, or use pixi.lock.",
+        "# Each line is URL#<sha256, 64 hex> (CEP 23; conda >= 24.9 and mamba 2 check it). Older conda",
+        "# cannot parse it ('Could not parse explicit URL'): update it, or use pixi.lock.",
         f"# install: conda create -n {req.name} --file {req.name}.txt   (or micromamba create -n {req.name} -f ...)",
         f"# platform: {PLATFORM}",
         "@EXPLICIT",
@@ -247,7 +247,7 @@ def _write_explicit(path: Path, env: SolvedEnv, channel_url: str, created: str, 
     by_name = {r.name.normalized: r for r in env.records}
     for rec in PackageRecord.sort_topologically(env.records):
         rec = by_name[rec.name.normalized]
-        lines.append(f"{channel_url}/{rec.subdir}/{rec.file_name}#sha256:{rec.sha256.hex()}")
+        lines.append(f"{channel_url}/{rec.subdir}/{rec.file_name}#{rec.sha256.hex()}")
     path.write_text("\n".join(lines) + "\n")
 
 
