@@ -269,6 +269,8 @@ def _write_pixi_toml(path: Path, envs: list[SolvedEnv], channel_url: str) -> Non
     lines = [
         "# The pixi manifest that goes with pixi.lock (written by ./airgap.sh bundle).",
         "# Install without solving or network: pixi install --frozen -e NAME",
+        "# pixi.lock is lock format v7 (py-rattler 0.28): pixi >= 0.71 reads it. That pixi parses",
+        "# [system-requirements] as deprecated and maps it onto platforms.",
         "[workspace]",
         'name = "sm7x-airgap"',
         f"channels = [{json.dumps(channel_url)}]",
