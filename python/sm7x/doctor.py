@@ -248,7 +248,10 @@ def _render_solver(solver: dict) -> list[str]:
     lines = [f"solver    __cuda_arch {arch} ({solver['cuda_arch_source']}): installing sm7x "
              f"picks {picks}", f"    why: {solver['reason']}"]
     inst = solver["installed_variant"]
-    if inst and inst != solver["variant"]:
+    if inst == "all" and solver["variant"] != "all":
+        lines.append("    note: this environment has the fallback build 'all' (solved without "
+                     "__cuda_arch, e.g. on a login node): every FA2 library, this node included")
+    elif inst and inst != solver["variant"]:
         lines.append(f"    note: this environment has sm7x-fa2 build '{inst}': it was solved "
                      f"for other GPUs (another node, or {CUDA_ARCH_OVERRIDE_ENV})")
     return lines

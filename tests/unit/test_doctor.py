@@ -119,6 +119,17 @@ def test_solver_pick_follows_override(fake_install, monkeypatch, override, cuda,
     assert ("this environment has sm7x-fa2 build 'sm70'" in text) == (variant != "sm70")
 
 
+def test_env_solved_on_a_login_node_is_explained(fake_install):
+    prefix, pkg = fake_install
+    meta = prefix / "conda-meta"
+    (meta / "sm7x-fa2-0.1.0-sm70_h0_2.json").unlink()
+    rec = {"name": "sm7x-fa2", "version": "0.1.0", "build": "all_h0_1", "channel": "file:///ch"}
+    (meta / "sm7x-fa2-0.1.0-all_h0_1.json").write_text(json.dumps(rec))
+    info = doctor.collect([Device(0, "Tesla V100", (7, 0))], prefix=prefix, package_dir=pkg)
+    assert info["solver"]["installed_variant"] == "all" and info["solver"]["variant"] == "sm70"
+    assert "fallback build 'all'" in doctor.render(info)
+
+
 def test_solver_without_gpus_is_the_fallback(tmp_path):
     info = doctor.collect([], prefix=tmp_path, package_dir=tmp_path)
     assert info["solver"]["variant"] == "all" and info["solver"]["cuda_arch"] is None
