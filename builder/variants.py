@@ -17,6 +17,7 @@ KNOWN_KEYS = {"python", "python_min", "c_compiler", "c_compiler_version", "cxx_c
 DEFAULT = VARIANTS / "default.yaml"
 # the last CUDA major that can still compile for each arch
 CUDA_MAX_MAJOR = {"70": 12, "72": 12}
+SUPPORTED_ARCHS = ("70", "75")
 
 
 def resolve(names: list[str]) -> list[Path]:
@@ -77,6 +78,10 @@ def _check_cuda(merged: dict) -> None:
         for arch in filter(None, arch_list.split(";")):
             if not arch.isdigit():
                 raise BuildFailed(f"sm7x_cuda_archs entry {arch_list!r}: archs are numbers like 70;75")
+            if arch not in SUPPORTED_ARCHS:
+                # the recipe's skip conditions and __cuda_arch constraints know these two only
+                raise BuildFailed(f"sm7x_cuda_archs entry {arch_list!r}: sm7x builds for "
+                                  f"{' and '.join(SUPPORTED_ARCHS)} (Volta, Turing), not {arch}")
             limit = CUDA_MAX_MAJOR.get(arch)
             if limit is not None and int(version.split(".")[0]) > limit:
                 raise BuildFailed(
