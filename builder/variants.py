@@ -18,6 +18,7 @@ DEFAULT = VARIANTS / "default.yaml"
 # the last CUDA major that can still compile for each arch
 CUDA_MAX_MAJOR = {"70": 12, "72": 12}
 SUPPORTED_ARCHS = ("70", "75")
+SELECTOR_BUILDS = ("sm75", "sm70", "all")  # the sm7x-fa2 output of recipe.yaml
 
 
 def resolve(names: list[str]) -> list[Path]:
@@ -55,6 +56,7 @@ def check(files: list[Path], bootstrap: bool) -> dict:
                 raise BuildFailed(f"{f}: {key} must be a list, e.g. {key}: [{values!r}]")
         merged.update(data)
     _check_cuda(merged)
+    _check_selector(merged)
     if bootstrap:
         available = {".".join(str(v).split(".")[:2]) for v in yaml.safe_load(BOOTSTRAP_PYTHONS.read_text())["cpython"]}
         wanted = {str(v) for v in merged.get("python", [])} | {str(v) for v in merged.get("python_min", [])}
@@ -65,6 +67,14 @@ def check(files: list[Path], bootstrap: bool) -> dict:
                 f"add the interpreter to {BOOTSTRAP_PYTHONS.relative_to(REPO)} or build against a conda-forge mirror (--channel)"
             )
     return merged
+
+
+def _check_selector(merged: dict) -> None:
+    values = [str(v) for v in merged.get("sm7x_fa2_select", [])]
+    unknown = sorted(set(values) - set(SELECTOR_BUILDS))
+    if unknown or "all" not in values:
+        raise BuildFailed(f"sm7x_fa2_select {values}: the sm7x-fa2 builds are {list(SELECTOR_BUILDS)}, and "
+                          "'all' (the fallback for nodes without __cuda_arch) must stay")
 
 
 def _check_cuda(merged: dict) -> None:
