@@ -69,7 +69,7 @@ def test_unknown_variant_file_lists_the_known_ones():
     ("cuda_compiler_version: ['12.4']\nsm7x_cuda_archs: ['sm75']\n", "archs are numbers"),
     ("cuda_compiler_version: ['12.4']\nsm7x_cuda_archs: ['75;86']\n", "sm7x builds for 70 and 75"),
     ("sm7x_fa2_select: ['sm75', 'sm80']\n", "the sm7x-fa2 builds are"),
-    ("sm7x_fa2_select: ['sm75']\n", "'all' (the fallback"),
+    ("sm7x_fa2_select: ['sm75']\n", "must stay"),
 ])
 def test_bad_variant_files(tmp_path, text, message):
     """A site file (read after default.yaml) that cannot build is refused before building."""
