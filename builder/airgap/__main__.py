@@ -2,7 +2,7 @@
 
     ./airgap.sh bundle OUT --env NAME=SPEC[,SPEC...] [--cuda-arch NAME=7.5] [--envs FILE.yaml]
                            [--channel DIR]... [--base-url URL] [--cuda 12.4] [--glibc 2.28] [--hardlink]
-    ./airgap.sh verify DIR [--with DIR]... [--no-resolve]
+    ./airgap.sh verify DIR [--with DIR]... [--against SOURCE]... [--no-resolve]
     ./airgap.sh merge OUT CHANNEL CHANNEL... [--with DIR]... [--keep-first]
 
 bundle  solve each environment for its target node (with --cuda-arch NAME=X.Y: a GPU node
@@ -58,6 +58,9 @@ def parse(argv):
     v.add_argument("--with", dest="with_", action="append", default=[], type=Path, metavar="DIR",
                    help="another channel that dependencies may come from (repeatable)")
     v.add_argument("--no-resolve", action="store_true", help="bundles: skip the offline re-solve of each environment")
+    v.add_argument("--against", action="append", default=[], type=Path, metavar="SOURCE",
+                   help="the channel (or bundle) DIR was copied from: every package of it must be in DIR "
+                        "with the same sha256 (catches a mirror altered and re-indexed)")
 
     m = sub.add_parser("merge", help="merge channels built on several machines into one")
     m.add_argument("out", type=Path, metavar="OUT")
@@ -83,7 +86,7 @@ def run(args) -> int:
     if args.command == "verify":
         from .verify import print_report, verify
 
-        report = verify(args.dir, args.with_, resolve=not args.no_resolve)
+        report = verify(args.dir, args.with_, resolve=not args.no_resolve, against=args.against)
         print_report(report)
         return 0 if report.ok else 1
     from .merge import merge, print_summary

@@ -8,6 +8,8 @@ other side can fetch them again. Every problem is reported, not just the first:
   (read by rattler) agrees with its record;
 - every dependency is satisfiable by some package of the channel, or of `--with` channels
   (virtual packages, `__*`, excepted);
+- with `--against SOURCE`, every package of the source channel (or bundle) must be here
+  with the source's sha256: a mirror altered and re-indexed agrees with itself, not with it;
 - for a bundle, the hashes are also checked against the records that do not live in the
   channel: pixi.lock, envs/*.txt and bundle.json. Someone who alters a package and
   re-indexes passes a repodata-only check; these independent records still catch it. Each
@@ -302,11 +304,31 @@ class _Verifier:
                 self.problem("pixi.lock", f"environment {name!r}: an offline solve from the bundle's channel "
                                           f"differs from the lock: {' '.join(diff)}")
 
-    def run(self) -> Report:
+    def read_reference(self, ref: Path) -> None:
+        """--against: the source channel's (or bundle's) records, kept apart from this copy.
+
+        A mirror whose package was altered and then re-indexed agrees with itself; it
+        cannot agree with the repodata.json of the channel it was copied from.
+        """
+        ref_channel = ref / "channel" if (ref / "bundle.json").exists() else ref
+        prefix = "channel/" if self.bundle else ""
+        for sub in subdirs(ref_channel):
+            repodata = sub / "repodata.json"
+            try:
+                data = json.loads(repodata.read_text())
+            except (OSError, ValueError) as exc:
+                raise AirgapError(f"--against {ref}: cannot read {repodata} ({exc})") from None
+            for fn, rec in {**data.get("packages", {}), **data.get("packages.conda", {})}.items():
+                self.expect[f"{prefix}{sub.name}/{fn}"].append(
+                    (f"--against {repodata}", "", rec.get("sha256"), rec.get("size")))
+
+    def run(self, against: list[Path] = ()) -> Report:
         start = time.monotonic()
         self.check_channel()
         if self.bundle:
             self.read_bundle()
+        for ref in against:
+            self.read_reference(ref)
         self.compare()
         self.check_dependencies()
         if self.bundle and self.resolve:
@@ -328,14 +350,22 @@ def _sources(records) -> str:
     return ", ".join(parts)
 
 
-def verify(directory: Path, with_channels: list[Path] = (), resolve: bool = True) -> Report:
+def verify(directory: Path, with_channels: list[Path] = (), resolve: bool = True,
+           against: list[Path] = ()) -> Report:
     root = Path(directory).resolve()
     if not root.is_dir():
         raise AirgapError(f"{root} is not a directory")
     if not (root / "bundle.json").exists() and not is_channel(root):
         raise AirgapError(f"{root} is neither a bundle (no bundle.json) nor a channel (no linux-64/ or noarch/ "
                           "with a repodata.json)")
-    return _Verifier(root, list(with_channels), resolve).run()
+    refs = []
+    for ref in against:
+        ref = Path(ref).resolve()
+        if not (ref / "bundle.json").exists() and not is_channel(ref):
+            raise AirgapError(f"--against {ref} is neither a bundle nor an indexed channel: give the channel "
+                              "this directory was copied from")
+        refs.append(ref)
+    return _Verifier(root, list(with_channels), resolve).run(refs)
 
 
 def print_report(report: Report) -> None:

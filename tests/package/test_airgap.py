@@ -253,6 +253,24 @@ def test_tamper_and_reindex_is_caught_by_the_independent_records(copy, tmp_path)
     assert problems_for(report, copy / "channel" / "noarch" / "repodata.json", copy)  # bundle.json has its hash
 
 
+def test_mirror_altered_and_reindexed_is_caught_against_its_source(tmp_path):
+    mirror = tmp_path / "mirror"
+    shutil.copytree(CHANNEL, mirror)
+    pkg = sm7x_pkg(mirror)
+    shutil.copyfile(repack(pkg, tmp_path / "changed", edit=edit_init), pkg)
+    dropped = next((mirror / "linux-64").glob("sm7x-ext-*py310*.conda"))  # nothing needs it alone
+    dropped.unlink()
+    index_dir(mirror)  # the mirror now agrees with itself...
+    assert verify(mirror, [bootstrap.CHANNEL]).ok
+    report = verify(mirror, [bootstrap.CHANNEL], against=[CHANNEL])  # ...not with its source
+    [changed] = problems_for(report, pkg, mirror)
+    assert "--against" in changed and str(CHANNEL / "noarch" / "repodata.json") in changed
+    [missing] = problems_for(report, dropped, mirror)
+    assert missing.startswith("missing") and "--against" in missing
+    with pytest.raises(AirgapError, match="neither a bundle nor an indexed channel"):
+        verify(mirror, against=[tmp_path])
+
+
 def test_missing_package_and_unlisted_file(copy):
     pkg = sm7x_pkg(copy / "channel")
     pkg.unlink()
