@@ -1,0 +1,23 @@
+"""The solve/install benchmark runs end to end and records what each node kind got (no
+timing is asserted: the figures are for reading, with their same-run baseline ratios)."""
+
+import json
+
+from builder import bench_envs
+from pkgtest import CHANNELS
+
+
+def test_bench_envs_writes_cases_with_baseline_ratios(tmp_path, capsys):
+    out = tmp_path / "envs.json"
+    assert bench_envs.main(["--runs", "1", "--out", str(out)] + [f"--channel={c}" for c in CHANNELS]) == 0
+    result = json.loads(out.read_text())
+    cases = result["cases"]
+    assert list(cases) == ["7.0", "7.5", "8.0", "absent", "empty"]
+    assert cases["7.0"]["fa2_packages"] == ["sm7x-fa2-sm70"] and cases["7.0"]["selector_build"].startswith("sm70_")
+    assert cases["8.0"]["fa2_packages"] == ["sm7x-fa2-sm75"]
+    assert cases["empty"]["fa2_packages"] == ["sm7x-fa2-sm70", "sm7x-fa2-sm75"]
+    for c in cases.values():
+        assert len(c["case_solve_ms"]) == len(c["baseline_install_ms"]) == 1
+        assert c["ratio"]["solve_ms"] > 0 and c["ratio"]["install_ms"] > 0
+        assert c["packages"] > c["baseline_packages"]  # the selector and its library(ies) on top
+    assert "on the same node, interleaved" in capsys.readouterr().out
