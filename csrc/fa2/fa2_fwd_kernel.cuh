@@ -152,6 +152,21 @@ __device__ __forceinline__ void store_tile(__half* s, const uint4 (&r)[LOADS], i
   }
 }
 
+// One CTA per (m-block, head, batch), with the config's dynamic shared memory.
+template <class C, class Kernel>
+int launch(Kernel kernel, const FwdParams& p, cudaStream_t stream) {
+  const int mblocks = (p.seqlen_q + C::kBlockM - 1) / C::kBlockM;
+  if (mblocks == 0 || p.batch == 0 || p.heads == 0) return 0;
+  if (C::kSmemBytes > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         C::kSmemBytes);
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
+  dim3 grid(mblocks, p.heads, p.batch);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace detail
 
 template <class C>
@@ -438,17 +453,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 
 template <class C>
 int launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  const int mblocks = (p.seqlen_q + C::kBlockM - 1) / C::kBlockM;
-  if (mblocks == 0 || p.batch == 0 || p.heads == 0) return 0;
-  auto kernel = fwd_kernel<C>;
-  if (C::kSmemBytes > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         C::kSmemBytes);
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
-  dim3 grid(mblocks, p.heads, p.batch);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return detail::launch<C>(fwd_kernel<C>, p, stream);
 }
 
 }  // namespace fa2

@@ -33,7 +33,7 @@
 #include <cstdint>
 
 #include "fa2.h"
-#include "fa2_fwd_kernel.cuh"  // arch-neutral helpers: load_tile, store_tile, fast_exp2, pack_half2
+#include "fa2_fwd_kernel.cuh"  // arch-neutral helpers: tile I/O, fast_exp2, pack_half2, launch
 
 namespace sm7x {
 namespace fa2 {
@@ -315,17 +315,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel_sm70(const FwdParams p
 
 template <class C>
 int launch_fwd_sm70(const FwdParams& p, cudaStream_t stream) {
-  const int mblocks = (p.seqlen_q + C::kBlockM - 1) / C::kBlockM;
-  if (mblocks == 0 || p.batch == 0 || p.heads == 0) return 0;
-  auto kernel = fwd_kernel_sm70<C>;
-  if (C::kSmemBytes > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         C::kSmemBytes);
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
-  dim3 grid(mblocks, p.heads, p.batch);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return detail::launch<C>(fwd_kernel_sm70<C>, p, stream);
 }
 
 }  // namespace sm70
