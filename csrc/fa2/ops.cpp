@@ -158,9 +158,20 @@ void launch(const char* op, const Tensor& q, const FwdParams& p) {
   FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
 }
 
-void fill_strides(FwdParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& out, int lead) {
-  // [.., rows, heads, dim]: lead == 2 -> batch, row; lead == 1 -> row only.
+// What both ops fill alike: pointers, strides (lead == 2: [batch, rows, heads, dim];
+// lead == 1: [rows, heads, dim]) and sizes. The caller adds the sequence lengths, the
+// LSE strides and the options.
+FwdParams base_params(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& out, const Tensor& lse, const Common& c, int64_t batch,
+                      int lead) {
+  FA2_CHECK(batch <= 65535 && c.heads <= 65535, op, "batch (", batch, ") and num_heads (",
+            c.heads, ") must be at most 65535 (CUDA grid limit)");
+  FwdParams p{};
+  p.q = q.const_data_ptr();
+  p.k = k.const_data_ptr();
+  p.v = v.const_data_ptr();
+  p.o = out.mutable_data_ptr();
+  p.lse = static_cast<float*>(lse.mutable_data_ptr());
   const int r = lead - 1;
   p.q_batch_stride = lead == 2 ? q.stride(0) : 0;
   p.k_batch_stride = lead == 2 ? k.stride(0) : 0;
@@ -174,6 +185,11 @@ void fill_strides(FwdParams& p, const Tensor& q, const Tensor& k, const Tensor& 
   p.k_head_stride = k.stride(r + 1);
   p.v_head_stride = v.stride(r + 1);
   p.o_head_stride = out.stride(r + 1);
+  p.batch = static_cast<int>(batch);
+  p.heads = c.heads;
+  p.kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  return p;
 }
 
 void fill_options(FwdParams& p, double scale, bool causal, int64_t wl, int64_t wr,
@@ -196,23 +212,11 @@ void fwd_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, double softmax
   check_int32(op, "seqlen_q", sq);
   check_int32(op, "seqlen_k", sk);
   if (B == 0 || sq == 0 || c.heads == 0) return;
-  FA2_CHECK(B <= 65535 && c.heads <= 65535, op, "batch (", B, ") and num_heads (", c.heads,
-            ") must be at most 65535 (CUDA grid limit)");
-  FwdParams p{};
-  p.q = q.const_data_ptr();
-  p.k = k.const_data_ptr();
-  p.v = v.const_data_ptr();
-  p.o = out.mutable_data_ptr();
-  p.lse = static_cast<float*>(lse.mutable_data_ptr());
-  fill_strides(p, q, k, v, out, 2);
+  FwdParams p = base_params(op, q, k, v, out, lse, c, B, 2);
   p.lse_batch_stride = lse.stride(0);
   p.lse_head_stride = lse.stride(1);
-  p.batch = static_cast<int>(B);
-  p.heads = c.heads;
-  p.kv_heads = c.kv_heads;
   p.seqlen_q = static_cast<int>(sq);
   p.seqlen_k = static_cast<int>(sk);
-  p.head_dim = c.head_dim;
   fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
   launch(op, q, p);
 }
@@ -244,25 +248,13 @@ void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor 
   check_int32(op, "max_seqlen_q", max_seqlen_q);
   const int64_t B = cu_seqlens_q.size(0) - 1;
   if (B == 0 || max_seqlen_q == 0 || total_q == 0 || c.heads == 0) return;
-  FA2_CHECK(B <= 65535 && c.heads <= 65535, op, "batch (", B, ") and num_heads (", c.heads,
-            ") must be at most 65535 (CUDA grid limit)");
-  FwdParams p{};
-  p.q = q.const_data_ptr();
-  p.k = k.const_data_ptr();
-  p.v = v.const_data_ptr();
-  p.o = out.mutable_data_ptr();
-  p.lse = static_cast<float*>(lse.mutable_data_ptr());
-  fill_strides(p, q, k, v, out, 1);
+  FwdParams p = base_params(op, q, k, v, out, lse, c, B, 1);
   p.lse_batch_stride = 0;
   p.lse_head_stride = lse.stride(0);
   p.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q.const_data_ptr());
   p.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k.const_data_ptr());
-  p.batch = static_cast<int>(B);
-  p.heads = c.heads;
-  p.kv_heads = c.kv_heads;
   p.seqlen_q = static_cast<int>(max_seqlen_q);
   p.seqlen_k = static_cast<int>(max_seqlen_k);
-  p.head_dim = c.head_dim;
   fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
   launch(op, q, p);
 }
