@@ -1,8 +1,10 @@
 """What the FA2 GPU tests of every arch share: the float32 reference with flash-attn's
-masks, input builders, the comparison and the worst-error record."""
+masks, input builders, the comparison, the worst-error record, and the checks that each
+arch's test module runs over its own grid (`tag` names the arch in the record)."""
 
 from __future__ import annotations
 
+import os
 
 import torch
 
@@ -71,3 +73,78 @@ SEQS = [(1, 1), (8, 8), (333, 333), (1024, 1024), (1, 1024), (8, 333), (333, 102
         (1024, 333)]
 
 
+
+
+def check_fwd(tag, d, sq, sk, causal, group):
+    from sm7x.fa2 import flash_attn_func
+
+    h = 8
+    q, k, v = _qkv(2, sq, sk, h, h // group, d, seed=sq * 7 + sk + d)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    ref_out, ref_lse = reference(q, k, v, d ** -0.5, causal)
+    _compare(f"{tag}d={d}", out, lse, ref_out, ref_lse)
+
+
+def check_window(tag, window, sq, sk):
+    from sm7x.fa2 import flash_attn_func
+
+    q, k, v = _qkv(2, sq, sk, 4, 2, 64, seed=11)
+    out, lse, _ = flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
+    ref_out, ref_lse = reference(q, k, v, 64 ** -0.5, False, window)
+    _compare(f"{tag}window", out, lse, ref_out, ref_lse)
+
+
+def check_softcap(tag, causal):
+    from sm7x.fa2 import flash_attn_func
+
+    q, k, v = _qkv(2, 257, 300, 4, 4, 128, seed=5)
+    q = q * 3
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, softcap=30.0, return_attn_probs=True)
+    ref_out, ref_lse = reference(q, k, v, 128 ** -0.5, causal, softcap=30.0)
+    _compare(f"{tag}softcap", out, lse, ref_out, ref_lse)
+
+
+def check_varlen(tag, d, causal):
+    from sm7x.fa2 import flash_attn_varlen_func
+
+    lens_q = [1, 77, 300, 8, 513]
+    lens_k = [1, 77, 300, 40, 700]
+    h, hk = 8, 2
+    g = torch.Generator(device="cuda").manual_seed(d)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq, h, d, device="cuda", dtype=torch.float16, generator=g)
+    k = torch.randn(tk, hk, d, device="cuda", dtype=torch.float16, generator=g)
+    v = torch.randn(tk, hk, d, device="cuda", dtype=torch.float16, generator=g)
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                         causal=causal, return_attn_probs=True)
+    assert lse.shape == (h, tq)
+    for i in range(len(lens_q)):
+        a, b_ = cu_q[i].item(), cu_q[i + 1].item()
+        c, e = cu_k[i].item(), cu_k[i + 1].item()
+        ro, rl = reference(q[None, a:b_], k[None, c:e], v[None, c:e], d ** -0.5, causal)
+        _compare(f"{tag}varlen d={d}", out[a:b_][None], lse[:, a:b_][None], ro, rl)
+
+
+def check_packed_qkv():
+    from sm7x.fa2 import flash_attn_func
+
+    qkv = torch.randn(2, 300, 3, 8, 64, device="cuda", dtype=torch.float16)
+    q, k, v = qkv.unbind(2)
+    out = flash_attn_func(q, k, v, causal=True)
+    ref, _ = reference(q, k, v, 64 ** -0.5, True)
+    assert (out.float() - ref).abs().max().item() <= 4e-3
+
+
+def report_worst(title):
+    """Print the worst errors (pytest -s) and write them to $FA2_ERRORS_OUT when set."""
+    lines = [f"{key}: {err:.3e}" for key, err in sorted(WORST.items())]
+    text = "\n".join(lines)
+    print(f"\nworst errors vs float32 reference{title}:\n" + text)
+    path = os.environ.get("FA2_ERRORS_OUT")
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")

@@ -25,21 +25,12 @@ if torch.cuda.get_device_capability() >= (8, 0) and os.environ.get(_select.FORCE
     pytest.skip(f"GPU newer than Turing: set {_select.FORCE_ENV}=sm75 to test the sm75 "
                 f"kernels through their PTX", allow_module_level=True)
 
-from sm7x.fa2 import flash_attn_func, flash_attn_varlen_func  # noqa: E402
-from fa2_reference import SEQS, WORST, _compare, _qkv, _record, reference  # noqa: E402,F401
+from sm7x.fa2 import flash_attn_func  # noqa: E402
+from fa2_reference import (  # noqa: E402
+    SEQS, _qkv, _record, check_fwd, check_packed_qkv, check_softcap, check_varlen, check_window,
+    reference, report_worst)
 
 pytestmark = pytest.mark.gpu
-
-
-
-
-
-
-
-
-
-
-
 
 
 @pytest.mark.parametrize("d", [64, 80, 128, 32, 96, 256, 40, 200])
@@ -47,11 +38,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_fwd_matches_reference(d, sq, sk, causal, group):
-    h = 8
-    q, k, v = _qkv(2, sq, sk, h, h // group, d, seed=sq * 7 + sk + d)
-    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-    ref_out, ref_lse = reference(q, k, v, d ** -0.5, causal)
-    _compare(f"d={d}", out, lse, ref_out, ref_lse)
+    check_fwd("", d, sq, sk, causal, group)
 
 
 def test_sdpa_agreement_and_scale():
@@ -72,52 +59,22 @@ def test_sdpa_agreement_and_scale():
 @pytest.mark.parametrize("window", [(16, 0), (100, 50), (-1, 7), (0, 0), (300, -1)])
 @pytest.mark.parametrize("sq,sk", [(333, 333), (200, 600), (600, 200)])
 def test_sliding_window(window, sq, sk):
-    q, k, v = _qkv(2, sq, sk, 4, 2, 64, seed=11)
-    out, lse, _ = flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
-    ref_out, ref_lse = reference(q, k, v, 64 ** -0.5, False, window)
-    _compare("window", out, lse, ref_out, ref_lse)
+    check_window("", window, sq, sk)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_softcap(causal):
-    q, k, v = _qkv(2, 257, 300, 4, 4, 128, seed=5)
-    q = q * 3
-    out, lse, _ = flash_attn_func(q, k, v, causal=causal, softcap=30.0, return_attn_probs=True)
-    ref_out, ref_lse = reference(q, k, v, 128 ** -0.5, causal, softcap=30.0)
-    _compare("softcap", out, lse, ref_out, ref_lse)
+    check_softcap("", causal)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen(d, causal):
-    lens_q = [1, 77, 300, 8, 513]
-    lens_k = [1, 77, 300, 40, 700]
-    h, hk = 8, 2
-    g = torch.Generator(device="cuda").manual_seed(d)
-    tq, tk = sum(lens_q), sum(lens_k)
-    q = torch.randn(tq, h, d, device="cuda", dtype=torch.float16, generator=g)
-    k = torch.randn(tk, hk, d, device="cuda", dtype=torch.float16, generator=g)
-    v = torch.randn(tk, hk, d, device="cuda", dtype=torch.float16, generator=g)
-    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
-                        device="cuda")
-    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32,
-                        device="cuda")
-    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                         causal=causal, return_attn_probs=True)
-    assert lse.shape == (h, tq)
-    for i in range(len(lens_q)):
-        a, b_ = cu_q[i].item(), cu_q[i + 1].item()
-        c, e = cu_k[i].item(), cu_k[i + 1].item()
-        ro, rl = reference(q[None, a:b_], k[None, c:e], v[None, c:e], d ** -0.5, causal)
-        _compare(f"varlen d={d}", out[a:b_][None], lse[:, a:b_][None], ro, rl)
+    check_varlen("", d, causal)
 
 
 def test_strided_inputs_from_packed_qkv():
-    qkv = torch.randn(2, 300, 3, 8, 64, device="cuda", dtype=torch.float16)
-    q, k, v = qkv.unbind(2)
-    out = flash_attn_func(q, k, v, causal=True)
-    ref, _ = reference(q, k, v, 64 ** -0.5, True)
-    assert (out.float() - ref).abs().max().item() <= 4e-3
+    check_packed_qkv()
     # a layout the kernels cannot read directly (odd stride) is copied first
     x = torch.randn(2, 100, 8, 72, device="cuda", dtype=torch.float16)[..., :64]
     out = flash_attn_func(x, x, x)
@@ -152,10 +109,4 @@ def test_op_validation_messages():
 
 
 def test_zz_report_worst_errors():
-    lines = [f"{key}: {err:.3e}" for key, err in sorted(WORST.items())]
-    text = "\n".join(lines)
-    print("\nworst errors vs float32 reference:\n" + text)
-    path = os.environ.get("FA2_ERRORS_OUT")
-    if path:
-        with open(path, "w") as f:
-            f.write(text + "\n")
+    report_worst("")
