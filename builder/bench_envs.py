@@ -121,14 +121,13 @@ def report(result: dict) -> None:
 
 
 def draw(result: dict, plt):
+    from sm7x.bench._output import grouped_bars
+
     cases = list(result["cases"])
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, what in zip(axes, ("solve_ms", "install_ms")):
-        xs = range(len(cases))
-        for off, who in ((-0.2, "baseline"), (0.2, "case")):
-            ax.bar([x + off for x in xs], [result["cases"][c]["median"][f"{who}_{what}"] for c in cases],
-                   width=0.4, label="sm7x" if who == "case" else "without sm7x-fa2")
-        ax.set_xticks(list(xs), cases)
+        grouped_bars(ax, cases, {label: [result["cases"][c]["median"][f"{who}_{what}"] for c in cases]
+                                 for label, who in (("without sm7x-fa2", "baseline"), ("sm7x", "case"))})
         ax.set_xlabel("node (__cuda_arch)")
         ax.set_ylabel(what.replace("_", " "))
         ax.legend()

@@ -28,3 +28,12 @@ def write(result: dict, out: str | None, plot_path: str | None, draw: Callable) 
     fig.tight_layout()
     fig.savefig(plot_path, dpi=110)
     print(f"wrote {plot_path}")
+
+
+def grouped_bars(ax, labels: list[str], series: dict[str, list[float]]) -> None:
+    """One bar per series side by side at each x label (series: legend label -> values)."""
+    width = 0.8 / len(series)
+    xs = range(len(labels))
+    for n, (name, values) in enumerate(series.items()):
+        ax.bar([x + (n - (len(series) - 1) / 2) * width for x in xs], values, width, label=name)
+    ax.set_xticks(list(xs), labels)

@@ -305,13 +305,10 @@ def draw(result: dict, plt):
     fig, axes = plt.subplots(1, len(op_names), figsize=(4.2 * len(op_names), 4), squeeze=False)
     for ax, op in zip(axes[0], op_names):
         rs = [r for r in rows if r["op"] == op]
-        xs = range(len(rs))
-        width = 0.27
-        ax.bar([i - width for i in xs], [r["sm7x_gbps"] for r in rs], width, label="sm7x")
-        ax.bar(list(xs), [r["torch_gbps"] for r in rs], width, label="plain torch")
-        ax.bar([i + width for i in xs], [r["copy_gbps"] for r in rs], width, label="copy")
-        ax.set_xticks(list(xs), [f"{r['tokens'] // 1024}k" if r["tokens"] >= 1024
-                                 else str(r["tokens"]) for r in rs])
+        _output.grouped_bars(ax, [f"{r['tokens'] // 1024}k" if r["tokens"] >= 1024 else str(r["tokens"])
+                          for r in rs],
+                     {"sm7x": [r["sm7x_gbps"] for r in rs], "plain torch": [r["torch_gbps"] for r in rs],
+                      "copy": [r["copy_gbps"] for r in rs]})
         ax.set_title(op)
         ax.set_xlabel("tokens")
         ax.set_ylabel("GB/s")

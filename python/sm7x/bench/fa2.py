@@ -70,10 +70,9 @@ def draw(result: dict, plt):
     fig, axes = plt.subplots(1, len(dims), figsize=(5 * len(dims), 4), squeeze=False)
     for ax, d in zip(axes[0], dims):
         rs = [r for r in result["results"] if r["head_dim"] == d]
-        xs = range(len(rs))
-        ax.bar([i - 0.2 for i in xs], [r["sm7x_tflops"] for r in rs], 0.4, label="sm7x FA2")
-        ax.bar([i + 0.2 for i in xs], [r["sdpa_eff_tflops"] for r in rs], 0.4, label="SDPA mem-efficient")
-        ax.set_xticks(list(xs), [f"{r['seqlen']}{' c' if r['causal'] else ''}" for r in rs])
+        _output.grouped_bars(ax, [f"{r['seqlen']}{' c' if r['causal'] else ''}" for r in rs],
+                     {"sm7x FA2": [r["sm7x_tflops"] for r in rs],
+                      "SDPA mem-efficient": [r["sdpa_eff_tflops"] for r in rs]})
         ax.set_title(f"head dim {d}")
         ax.set_xlabel("seqlen (c = causal)")
         ax.set_ylabel("TFLOP/s")
