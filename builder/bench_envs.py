@@ -25,7 +25,8 @@ from pathlib import Path
 
 from rattler import VirtualPackage, VirtualPackageOverrides, install, solve
 
-from . import REPO, bootstrap, exit_now
+from . import REPO, BuildFailed, bootstrap, exit_now
+from .airgap import RATTLER_ERRORS, require_channel
 
 CASES = {"7.0": "7.0", "7.5": "7.5", "8.0": "8.0", "absent": None, "empty": ""}
 SPECS = ["sm7x", "python 3.11.*"]
@@ -146,7 +147,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
-    result = run(args.channel or [REPO / "channel", bootstrap.CHANNEL], args.runs, args.cold)
+    try:
+        channels = [require_channel(c) for c in args.channel or [REPO / "channel", bootstrap.CHANNEL]]
+        result = run(channels, args.runs, args.cold)
+    except (BuildFailed, *RATTLER_ERRORS) as exc:  # a missing channel, an unsolvable case
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     report(result)
     sys.path.insert(0, str(REPO / "python"))  # the JSON/PNG writer every sm7x benchmark uses
     from sm7x.bench._output import write

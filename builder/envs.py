@@ -53,8 +53,10 @@ def main(argv=None) -> int:
     """python -m builder.envs PREFIX SPEC... [--channel DIR]...: create an environment."""
     import argparse
     import shutil
+    import sys
 
-    from . import REPO, bootstrap
+    from . import REPO, BuildFailed, bootstrap
+    from .airgap import RATTLER_ERRORS, require_channel
 
     ap = argparse.ArgumentParser(prog="python -m builder.envs", description=main.__doc__)
     ap.add_argument("prefix", type=Path)
@@ -62,9 +64,14 @@ def main(argv=None) -> int:
     ap.add_argument("--channel", action="append", type=Path,
                     help="channel directory (default: ./channel and the bootstrap channel)")
     args = ap.parse_args(argv)
-    if args.prefix.exists():
-        shutil.rmtree(args.prefix)
-    env = create(args.prefix, args.specs, args.channel or [REPO / "channel", bootstrap.CHANNEL])
+    try:
+        channels = [require_channel(c) for c in args.channel or [REPO / "channel", bootstrap.CHANNEL]]
+        if args.prefix.exists():
+            shutil.rmtree(args.prefix)
+        env = create(args.prefix, args.specs, channels)
+    except (BuildFailed, *RATTLER_ERRORS) as exc:  # a missing channel, an unsolvable spec
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"{len(env.records)} packages; solve {env.solve_s * 1000:.1f} ms, install {env.install_s * 1000:.0f} ms -> {env.prefix}")
     return 0
 

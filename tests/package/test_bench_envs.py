@@ -21,3 +21,12 @@ def test_bench_envs_writes_cases_with_baseline_ratios(tmp_path, capsys):
         assert c["ratio"]["solve_ms"] > 0 and c["ratio"]["install_ms"] > 0
         assert c["packages"] > c["baseline_packages"]  # the selector and its library(ies) on top
     assert "on the same node, interleaved" in capsys.readouterr().out
+
+
+def test_bad_channel_or_spec_is_a_message_not_a_traceback(tmp_path, capsys):
+    from builder import envs
+
+    assert bench_envs.main(["--runs", "1", "--channel", str(tmp_path)]) == 1
+    assert "is not an indexed channel" in capsys.readouterr().err
+    assert envs.main([str(tmp_path / "env"), "nosuchpkg"] + [f"--channel={c}" for c in CHANNELS]) == 1
+    assert "nosuchpkg" in capsys.readouterr().err and not (tmp_path / "env").exists()
