@@ -1,0 +1,57 @@
+"""The GPU targets of sm7x (archs, selector builds, FA2 head dims), read from targets.json.
+
+targets.json is the one place these facts are written: CMake reads it to decide which
+FA2 libraries and kernels to compile, the channel builder to check variant files, and
+this module serves the runtime. Pure stdlib and read once, so `import sm7x` stays cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+PATH = Path(__file__).with_name("targets.json")
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> dict:
+    return json.loads(PATH.read_text(encoding="utf-8"))
+
+
+def archs() -> tuple[str, ...]:
+    """FA2 library archs, oldest first: ("sm70", "sm75")."""
+    return tuple(sorted(load()["archs"], key=lambda a: capability(a)))
+
+
+def capability(arch: str) -> tuple[int, int]:
+    major, minor = load()["archs"][arch]["capability"].split(".")
+    return int(major), int(minor)
+
+
+def selector_build(arch: str) -> int:
+    """Build number of the sm7x-fa2 selector build that installs only ``arch``."""
+    return int(load()["archs"][arch]["selector_build"])
+
+
+def selector_cuda_arch(arch: str) -> str:
+    """The __cuda_arch range that selector build depends on, e.g. ">=7.0,<7.5"."""
+    return load()["archs"][arch]["selector_cuda_arch"]
+
+
+def fallback_build(every_arch: bool) -> int:
+    """Build number of the fallback selector (no __cuda_arch needed)."""
+    return int(load()["selector_fallback_build"]["every_arch" if every_arch else "one_arch"])
+
+
+def fa2_head_dims(arch: str) -> tuple[int, ...]:
+    """Head dims the ``arch`` FA2 library has kernels for, ascending."""
+    return tuple(sorted(k["head_dim"] for k in load()["fa2"]["kernels"][arch]))
+
+
+def fa2_max_head_dim() -> int:
+    return int(load()["fa2"]["max_head_dim"])
+
+
+def fa2_head_dim_multiple() -> int:
+    return int(load()["fa2"]["head_dim_multiple"])
