@@ -5,7 +5,10 @@ library. The kernels load on first use; ``python -m sm7x doctor`` shows what is
 installed and which FA2 library each GPU would use.
 """
 
-__version__ = "0.1.0"
+try:  # written at install time from the recipe's version (the one place it is said)
+    from ._version import __version__
+except ImportError:  # a source checkout on PYTHONPATH, never installed
+    __version__ = "0+unknown"
 
 # flash-attn's entry points, resolved on first use (PEP 562) so that `import sm7x` stays
 # free of torch and native code.

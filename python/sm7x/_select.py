@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from . import _install_hints
+from . import _install_hints, _targets
 
-ARCHS = ("sm70", "sm75")
+ARCHS = _targets.archs()  # ("sm70", "sm75"), from targets.json
 FORCE_ENV = "SM7X_FA2_FORCE"
 LIBRARY_PATH_ENV = "SM7X_LIBRARY_PATH"
 
@@ -115,14 +115,15 @@ def select_fa2_library(device: Device, *, force: str | None = None) -> Selection
     major, minor = device.capability
     if arch is not None:
         # PTX can only be JIT-compiled for the same or a newer GPU.
-        if device.capability < (7, int(arch[-1])):
+        need = _targets.capability(arch)
+        if device.capability < need:
             raise UnsupportedDeviceError(
                 f"{desc}: {arch} was forced ({source}), but its code needs compute "
-                f"capability 7.{arch[-1]} or newer and cannot run here; force an arch this "
+                f"capability {need[0]}.{need[1]} or newer and cannot run here; force an arch this "
                 f"device can run, or do not force",
                 device,
             )
-        how = "native" if device.capability == (7, int(arch[-1])) else "PTX JIT-compiled"
+        how = "native" if device.capability == need else "PTX JIT-compiled"
         return Selection(arch, f"{arch} forced by {source} on {desc} ({how})", forced=True)
 
     if major == 7 and _NO_TENSOR_CORES.search(device.name):
@@ -275,34 +276,52 @@ def node_cuda_arch(devices: Iterable[Device], environ=None) -> tuple[str | None,
     return arch, f"the lowest capability of the {len(devices)} GPUs, {low.describe()}"
 
 
+def _satisfies(cap: tuple[int, int], spec: str) -> bool:
+    """Whether a capability meets a version range such as ">=7.0,<7.5" (targets.json)."""
+    for part in spec.split(","):
+        op = ">=" if part.startswith(">=") else "<"
+        bound = _parse_cuda_arch(part[len(op):])
+        if (cap >= bound) != (op == ">="):
+            return False
+    return True
+
+
+# Why a single-arch selector build suits a node (prose; the ranges and build numbers are
+# in targets.json).
+_SELECTOR_WHY = {
+    "sm75": lambda cap: ("Turing: native sm_75 kernels" if cap < (8, 0) else
+                         "Ampere or newer: sm7x FA2 is refused at run time there unless forced "
+                         f"({FORCE_ENV}); the sm75 library is the one whose PTX runs fast when "
+                         "forced, and it also serves Turing nodes sharing the environment"),
+    "sm70": lambda cap: "Volta, or a node mixing Volta and Turing (sm_70 code runs on both)",
+}
+
+
 def selector_pick(cuda_arch: str | None, built_archs: Iterable[str] = ARCHS) -> SelectorPick:
     """The sm7x-fa2 build a solver takes for ``cuda_arch`` (None: no __cuda_arch).
 
-    built_archs: the FA2 libraries the channel's variant builds (default: both).
+    built_archs: the FA2 libraries the channel's variant builds (default: all). A solver
+    takes the highest build number whose dependencies hold.
     """
     built = tuple(a for a in ARCHS if a in set(built_archs))
-    oldest = "7.0" if "sm70" in built else "7.5"
-    fallback_build = 1 if built == ARCHS else 0  # in a merged channel, the one with both wins
+    oldest = "%d.%d" % _targets.capability(built[0])
+    fallback_build = _targets.fallback_build(every_arch=built == ARCHS)
+    everything = tuple(package_name(a) for a in built)
     if cuda_arch is None:
-        return SelectorPick("all", fallback_build, tuple(package_name(a) for a in built), None,
+        return SelectorPick("all", fallback_build, everything, None,
                             "no __cuda_arch (no GPU, or the override is empty): the fallback "
                             "build installs every FA2 library, so the environment works on "
                             "any Volta or Turing node")
     cap = _parse_cuda_arch(cuda_arch)
-    if cap >= (7, 5) and "sm75" in built:
-        why = ("Turing: native sm_75 kernels" if cap < (8, 0) else
-               "Ampere or newer: sm7x FA2 is refused at run time there unless forced "
-               f"({FORCE_ENV}); the sm75 library is the one whose PTX runs fast when forced, "
-               "and it also serves Turing nodes sharing the environment")
-        return SelectorPick("sm75", 3, (package_name("sm75"),), cuda_arch,
-                            f"__cuda_arch {cuda_arch} satisfies >=7.5 (build 3): {why}")
-    if (7, 0) <= cap < (7, 5) and "sm70" in built:
-        return SelectorPick("sm70", 2, (package_name("sm70"),), cuda_arch,
-                            f"__cuda_arch {cuda_arch} satisfies >=7.0,<7.5 (build 2): Volta, "
-                            "or a node mixing Volta and Turing (sm_70 code runs on both)")
+    for arch in sorted(built, key=_targets.selector_build, reverse=True):
+        spec, build = _targets.selector_cuda_arch(arch), _targets.selector_build(arch)
+        if _satisfies(cap, spec):
+            return SelectorPick(arch, build, (package_name(arch),), cuda_arch,
+                                f"__cuda_arch {cuda_arch} satisfies {spec} (build {build}): "
+                                f"{_SELECTOR_WHY[arch](cap)}")
     if cap >= _parse_cuda_arch(oldest):
         # e.g. a Turing node on a channel built for sm_70 only: the fallback still fits
-        return SelectorPick("all", fallback_build, tuple(package_name(a) for a in built), cuda_arch,
+        return SelectorPick("all", fallback_build, everything, cuda_arch,
                             f"__cuda_arch {cuda_arch}: no build for it in this channel, the "
                             f"fallback (build {fallback_build}) fits (it needs __cuda_arch >={oldest})")
     return SelectorPick(None, None, (), cuda_arch,
@@ -314,4 +333,4 @@ def covering_archs(device: Device) -> tuple[str, ...]:
     """The FA2 libraries whose code runs on ``device`` natively or as same-major SASS."""
     if device.capability[0] != 7:
         return ()
-    return tuple(a for a in ARCHS if device.capability >= (7, int(a[-1])))
+    return tuple(a for a in ARCHS if device.capability >= _targets.capability(a))

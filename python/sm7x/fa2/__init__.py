@@ -4,7 +4,7 @@
 ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 max_seqlen_k, ...)`` on packed ``[total_tokens, num_heads, head_dim]`` take flash-attn
 2.x's names, shapes and defaults. Supported: float16; head dims that are multiples of 8 up
-to 256 (kernels compiled for 32, 64, 96, 128, 256; other sizes run padded); causal
+to MAX_HEAD_DIM (kernels compiled for COMPILED_HEAD_DIMS; other sizes run padded); causal
 (bottom-right aligned when seqlen_q != seqlen_k, as flash-attn >= 2.1); sliding window;
 softcap; GQA/MQA (num_heads a multiple of num_kv_heads). Not supported: dropout (inference
 kernels: dropout_p must be 0), ALiBi, paged KV (block_table), backward.
@@ -28,14 +28,15 @@ except ImportError as exc:
         "conda install pytorch (or: pixi add pytorch)"
     ) from exc
 
-from .. import _select
+from .. import _select, _targets
 from . import _loader
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "MAX_HEAD_DIM", "COMPILED_HEAD_DIMS"]
 
-MAX_HEAD_DIM = 256
-COMPILED_HEAD_DIMS = (32, 64, 96, 128, 256)
-SUPPORTED_HEAD_DIMS = tuple(range(8, MAX_HEAD_DIM + 1, 8))
+MAX_HEAD_DIM = _targets.fa2_max_head_dim()
+COMPILED_HEAD_DIMS = _targets.fa2_head_dims("sm75")  # both libraries compile the same list
+SUPPORTED_HEAD_DIMS = tuple(range(_targets.fa2_head_dim_multiple(), MAX_HEAD_DIM + 1,
+                                  _targets.fa2_head_dim_multiple()))
 
 _dev_lock = threading.Lock()
 _devices: dict[int, _select.Device] = {}

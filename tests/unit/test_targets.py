@@ -1,0 +1,124 @@
+"""The GPU targets are written once (python/sm7x/targets.json) and the version once (the
+recipe's context). Where a language cannot read them (rattler-build's Jinja reads no
+file without --experimental), these tests fail as soon as the two places disagree."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import sm7x
+from sm7x import _select, _targets
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipe" / "recipe.yaml"
+VARIANT_SETS = {
+    "default": ["variants/default.yaml"],
+    "sm70": ["variants/default.yaml", "variants/sm70.yaml"],
+    "sm75": ["variants/default.yaml", "variants/sm75.yaml"],
+}
+
+
+def recipe_version() -> str:
+    # ${{ ... }} expressions are plain strings to YAML; the context's version is a literal
+    return yaml.safe_load(RECIPE.read_text())["context"]["version"]
+
+
+def test_version_is_the_recipes():
+    assert sm7x.__version__ == recipe_version()
+
+
+def cuda_arch_digits(arch: str) -> str:
+    return _targets.load()["archs"][arch]["capability"].replace(".", "")
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    rattler_build = pytest.importorskip("rattler_build")
+    out = {}
+    for name, files in VARIANT_SETS.items():
+        variants = rattler_build.VariantConfig.from_files([str(REPO / f) for f in files])
+        outputs = {}
+        for v in rattler_build.Stage0Recipe.from_file(RECIPE).render(variants):
+            d = v.recipe.to_dict()
+            outputs.setdefault((d["package"]["name"], d["build"]["string"]), (d, dict(v.variant)))
+        out[name] = list(outputs.values())
+    return out
+
+
+@pytest.mark.parametrize("variant_set", VARIANT_SETS)
+def test_recipe_agrees_with_targets(rendered, variant_set):
+    outputs = rendered[variant_set]
+    version = recipe_version()
+    arch_lists = {v["sm7x_cuda_archs"] for _, v in outputs if "sm7x_cuda_archs" in v}
+    assert len(arch_lists) == 1, arch_lists
+    in_variant = set(arch_lists.pop().split(";"))
+    built = tuple(a for a in _targets.archs() if cuda_arch_digits(a) in in_variant)
+    assert built, f"{variant_set}: the variant builds no arch sm7x knows"
+    oldest = _targets.load()["archs"][built[0]]["capability"]
+
+    # one FA2 library output per built arch, none for the others (the recipe's skips)
+    libs = {d["package"]["name"] for d, _ in outputs if d["package"]["name"].startswith("sm7x-fa2-")}
+    assert libs == {_select.package_name(a) for a in built}
+
+    # the core refuses nodes older than its oldest arch
+    (core,) = [d for d, _ in outputs if d["package"]["name"] == "sm7x-core"]
+    assert f"__cuda_arch >={oldest}" in core["requirements"]["run_constraints"]
+
+    # the selector builds: numbers and ranges as targets.json says, one per built arch
+    # plus the fallback; and what sm7x._select (the doctor) predicts from the same file
+    selector = {v["sm7x_fa2_select"]: d for d, v in outputs if d["package"]["name"] == "sm7x-fa2"}
+    assert set(selector) == {*built, "all"}
+    for arch in built:
+        d = selector[arch]
+        assert d["build"]["number"] == _targets.selector_build(arch)
+        assert d["requirements"]["run"] == [f"__cuda_arch {_targets.selector_cuda_arch(arch)}",
+                                            f"{_select.package_name(arch)} =={version}"]
+    fallback = selector["all"]
+    assert fallback["build"]["number"] == _targets.fallback_build(every_arch=built == _targets.archs())
+    assert sorted(fallback["requirements"]["run"]) == sorted(
+        f"{_select.package_name(a)} =={version}" for a in built)
+    assert fallback["requirements"]["run_constraints"] == [f"__cuda_arch >={oldest}"]
+    pick = _select.selector_pick(None, built)
+    assert (pick.variant, pick.build_number) == ("all", fallback["build"]["number"])
+
+
+def test_targets_are_consistent():
+    t = _targets.load()
+    archs = _targets.archs()
+    builds = [_targets.selector_build(a) for a in archs]
+    fallbacks = [_targets.fallback_build(True), _targets.fallback_build(False)]
+    # a node-specific build must outrank every fallback, and no two builds share a number
+    assert min(builds) > max(fallbacks) and len(set(builds + fallbacks)) == len(builds) + 2
+    # the selector ranges partition [oldest, inf): exactly one arch build per capability
+    for cap in [(7, 0), (7, 2), (7, 5), (8, 0), (9, 0)]:
+        hits = [a for a in archs if _select._satisfies(cap, _targets.selector_cuda_arch(a))]
+        assert len(hits) == 1, (cap, hits)
+    assert not any(_select._satisfies((6, 1), _targets.selector_cuda_arch(a)) for a in archs)
+    for arch in archs:
+        dims = _targets.fa2_head_dims(arch)
+        assert dims and max(dims) == t["fa2"]["max_head_dim"]
+        assert all(d % 16 == 0 for d in dims), dims
+
+
+# A list written out again somewhere in code is a second place that can go stale.
+_RESTATED = [
+    (re.compile(r"32,\s*64,\s*96,\s*128,\s*256"), "the FA2 head-dim list"),
+    (re.compile(r"""__version__\s*=\s*["']\d+\.\d+"""), "the version"),
+    (re.compile(r"""version\s*=\s*["']\d+\.\d+\.\d+["']"""), "the version"),
+]
+
+
+def test_no_fact_is_written_twice_in_code():
+    files = subprocess.run(["git", "ls-files", "csrc", "python", "recipe", "variants", "pyproject.toml"],
+                           cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    code = [f for f in files if Path(f).suffix in {".py", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".txt",
+                                                   ".cmake", ".sh", ".yaml", ".toml", ".in"}]
+    assert code, "git ls-files found no code: run from a checkout"
+    hits = [f"{f}: {what}" for f in code for rx, what in _RESTATED
+            if rx.search((REPO / f).read_text(errors="replace"))]
+    assert not hits, "written again outside its one place:\n" + "\n".join(hits)
