@@ -5,7 +5,7 @@ process that has torch (>= 2.10): it is built against torch's stable ABI and lin
 torch library, so one file serves every torch >= 2.10 and every Python >= 3.10. It is
 not a Python module (no ``PyInit``): it is loaded with ``torch.ops.load_library``.
 
-Search order (never the working directory, see DESIGN.md "The loader"):
+Search order (never the working directory; README, "The loader"):
 
 1. each directory in ``$SM7X_LIBRARY_PATH`` (``os.pathsep``-separated; empty entries are
    ignored rather than meaning the working directory),

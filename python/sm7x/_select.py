@@ -1,4 +1,5 @@
-"""Which FlashAttention-2 library a GPU uses: the rules of DESIGN.md as pure logic.
+"""Which FlashAttention-2 library a GPU uses: the loader's rules (README,
+"The loader") as pure logic.
 
 No torch and no native code here, so the rules can be tested on any machine and the
 doctor can explain them on a login node without GPUs.

@@ -1,4 +1,4 @@
-"""`import sm7x` is cheap: no torch, no native library (DESIGN.md, "The loader")."""
+"""`import sm7x` is cheap: no torch, no native library (README, "The loader")."""
 
 import os
 import shutil

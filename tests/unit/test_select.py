@@ -1,4 +1,4 @@
-"""The FA2 library selection rules (DESIGN.md, "The loader") and the install hints."""
+"""The FA2 library selection rules (README, "The loader") and the install hints."""
 
 import os
 
