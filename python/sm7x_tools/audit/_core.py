@@ -6,9 +6,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import tables
+from . import shims
 from ._elf import ElfError, ElfInfo, demangle, read_elf
-from .tables import Version, parse_version
+from .shims import Version, device_of, parse_version
 
 STABLE, UNSTABLE, NO_TORCH = "STABLE", "UNSTABLE", "NO-TORCH"
 ERROR = "ERROR"
@@ -52,12 +52,12 @@ class TorchResult:
         return self.verdict in (STABLE, UNSTABLE)
 
 
-def torch_check(elf: ElfInfo, table: tables.ShimTable) -> TorchResult:
+def torch_check(elf: ElfInfo, table: shims.ShimTable) -> TorchResult:
     needed_torch = [n for n in elf.needed if TORCH_LIB.match(n)]
     names = [i.name for i in elf.imports]
     dem = demangle(names)
     unstable: list[str] = []
-    shims: list[str] = []
+    found: list[str] = []  # stable shims imported
     maybe_torch: list[str] = []
     # DT_NEEDED libraries that could provide unversioned symbols, other than torch's: when
     # there are none, an unversioned C import can only come from libtorch (or libc10)
@@ -72,8 +72,8 @@ def torch_check(elf: ElfInfo, table: tables.ShimTable) -> TorchResult:
                     or from_torch_file
                     or (needed_torch and imp.version is None and not CXX_RUNTIME.match(n))):
                 unstable.append(n)
-        elif n in table.symbols or SHIM_NAME.match(n):
-            shims.append(n)
+        elif n in table.since_of or SHIM_NAME.match(n):
+            found.append(n)
         elif TORCH_PYTHON.match(n):
             unstable.append(n)
         elif (needed_torch and imp.version is None and not imp.weak
@@ -81,14 +81,14 @@ def torch_check(elf: ElfInfo, table: tables.ShimTable) -> TorchResult:
             (maybe_torch if unversioned_others else unstable).append(n)
 
     res = TorchResult(verdict=NO_TORCH, needed_torch=needed_torch)
-    res.stable_shims = sorted(shims)
+    res.stable_shims = sorted(found)
     res.unstable = sorted(unstable)
     res.unstable_demangled = [dem.get(n, n) for n in res.unstable]
     res.dlsym_shims = sorted(s for s in elf.rodata_strings
-                             if s in table.symbols and s not in shims)
+                             if s in table.since_of and s not in found)
     if unstable:
         res.verdict = UNSTABLE
-    elif shims:
+    elif found:
         res.verdict = STABLE
 
     versions: list[Version] = []
@@ -99,9 +99,8 @@ def torch_check(elf: ElfInfo, table: tables.ShimTable) -> TorchResult:
             continue
         versions.append(v)
         res.by_version.setdefault(table.label(v), []).append(n)
-        rec = table.symbols[n]
-        if rec.get("device") and n in shims:
-            res.device_shims.setdefault(rec["device"], []).append(n)
+        if n in found and (dev := device_of(n)):
+            res.device_shims.setdefault(dev, []).append(n)
     res.by_version = dict(sorted(res.by_version.items(), key=lambda kv: parse_version(kv[0])))
     if versions and res.verdict != UNSTABLE:
         res.min_torch = table.label(max(versions))
@@ -131,16 +130,6 @@ def torch_check(elf: ElfInfo, table: tables.ShimTable) -> TorchResult:
         if res.verdict == NO_TORCH and needed_torch:
             res.notes.append("DT_NEEDED on " + ", ".join(needed_torch)
                              + " but imports nothing from torch")
-        aoti = sorted({table.symbols[n]["header"].rsplit("/", 1)[-1]
-                       for n in res.stable_shims if n in table.symbols
-                       and table.symbols[n]["surface"] != "stable"})
-        if aoti:
-            res.notes.append("uses AOTInductor device/fallback shims outside the stable "
-                             "ABI headers (" + ", ".join(aoti) + ")")
-        deprecated = [n for n in res.stable_shims
-                      if table.symbols.get(n, {}).get("deprecated")]
-        if deprecated:
-            res.notes.append("deprecated shims: " + ", ".join(deprecated[:5]))
     return res
 
 
@@ -178,13 +167,21 @@ def parse_name(filename: str) -> NameInfo:
 class PythonResult:
     init: list[str] = field(default_factory=list)       # X of each exported PyInit_X
     imports: int = 0                                    # Py*/_Py* symbols imported
-    non_limited: list[str] = field(default_factory=list)
-    newer_than_min: dict[str, str] = field(default_factory=dict)  # limited, added later
     pybind11: bool = False
+    # from abi3audit, when it ran: symbols outside the limited API, and limited-API
+    # symbols newer than --python-min ({name: version}); None: not checked
+    non_limited: list[str] | None = None
+    newer_than_min: dict[str, str] | None = None
+    checker: str | None = None
+    message: str | None = None   # why abi3audit did not run
 
     @property
     def is_extension(self) -> bool:
         return bool(self.init)
+
+    @property
+    def uses_python(self) -> bool:
+        return self.is_extension or self.imports > 0
 
     @property
     def version_specific(self) -> bool:
@@ -192,63 +189,56 @@ class PythonResult:
         return bool(self.non_limited) or self.pybind11
 
 
-def python_check(elf: ElfInfo, python_min: Version) -> PythonResult:
-    limited = tables.limited_api()
+def python_check(elf: ElfInfo, path: Path, python_min: Version,
+                 use_abi3audit: bool | None = None) -> PythonResult:
+    """PyInit_ exports, Python imports, pybind11; and abi3audit's verdict on the file's
+    Python API use when abi3audit is installed (use_abi3audit None) or required (True)."""
     res = PythonResult()
     res.init = sorted(n[len("PyInit_"):] for n in elf.exports if n.startswith("PyInit_"))
-    for imp in elf.imports:
-        n = imp.name
-        if not n.startswith(("Py", "_Py")) or n.startswith("PyInit_"):
-            continue
-        res.imports += 1
-        added = limited.get(n)
-        if added is None:
-            res.non_limited.append(n)
-        elif added > python_min:
-            res.newer_than_min[n] = f"{added[0]}.{added[1]}"
-    res.non_limited.sort()
-    res.pybind11 = elf.has_pybind11_marker and (res.is_extension or res.imports > 0)
+    res.imports = sum(1 for i in elf.imports
+                      if i.name.startswith(("Py", "_Py")) and not i.name.startswith("PyInit_"))
+    res.pybind11 = elf.has_pybind11_marker and res.uses_python
+    if not res.uses_python:
+        res.non_limited, res.newer_than_min = [], {}
+        return res
+    if use_abi3audit is False:
+        res.message = "abi3audit not used (--no-abi3audit)"
+        return res
+    try:
+        from ._abi3audit import run_abi3audit
+    except ImportError as exc:
+        res.message = f"{exc} (pip install abi3audit==0.0.26)"
+        return res
+    try:
+        res.checker, res.non_limited, res.newer_than_min = run_abi3audit(path, python_min)
+    except Exception as exc:  # abi3audit's own failure, reported not raised
+        res.message = f"abi3audit failed: {exc}"
     return res
 
 
 @dataclass
 class Abi3Result:
     status: str                 # ok | violations | n/a | error
-    checker: str | None = None  # abi3audit X.Y | bundled list
+    checker: str | None = None  # abi3audit X.Y | "no Python API"
     non_abi3: list[str] = field(default_factory=list)
     newer_than_min: dict[str, str] = field(default_factory=dict)
     message: str | None = None
 
 
-def abi3_check(path: Path, name: NameInfo, py: PythonResult, python_min: Version,
-               use_abi3audit: bool | None = None) -> Abi3Result:
-    """abi3audit for .abi3.so names; the bundled limited-API list when abi3audit is not
-    installed (or use_abi3audit is False)."""
+def abi3_check(name: NameInfo, py: PythonResult) -> Abi3Result:
+    """For .abi3.so names: abi3audit's verdict, or ok when the file uses no Python API at
+    all (sm7x's torch libraries). Without abi3audit a file that uses it is not checked,
+    and fails."""
     if name.kind != "abi3":
         return Abi3Result("n/a")
-    if use_abi3audit is not False:
-        try:
-            from ._abi3audit import run_abi3audit
-        except ImportError as exc:
-            if use_abi3audit:
-                return Abi3Result("error", message=str(exc))
-            missing = str(exc)
-        else:
-            try:
-                checker, non_abi3, newer = run_abi3audit(path, python_min)
-            except Exception as exc:  # abi3audit's own failure, reported not raised
-                return Abi3Result("error", checker="abi3audit", message=str(exc))
-            status = "violations" if non_abi3 or newer else "ok"
-            return Abi3Result(status, checker, sorted(non_abi3), newer)
-    else:
-        missing = None
-    res = Abi3Result("violations" if py.non_limited or py.newer_than_min else "ok",
-                     checker="bundled limited-API list", non_abi3=list(py.non_limited),
-                     newer_than_min=dict(py.newer_than_min))
-    if missing:
-        res.message = (f"{missing}; checked against the bundled list instead "
-                       "(pip install abi3audit==0.0.26 for the authoritative check)")
-    return res
+    if not py.uses_python:
+        return Abi3Result("ok", checker="no Python API")
+    if py.non_limited is None:
+        return Abi3Result("error", message="uses the Python C API: checking it against the "
+                          f"limited API needs abi3audit: {py.message}")
+    bad = bool(py.non_limited or py.newer_than_min)
+    return Abi3Result("violations" if bad else "ok", py.checker, list(py.non_limited),
+                      dict(py.newer_than_min))
 
 
 def name_check(name: NameInfo, py: PythonResult, elf: ElfInfo) -> tuple[list[str], list[str]]:
@@ -265,11 +255,9 @@ def name_check(name: NameInfo, py: PythonResult, elf: ElfInfo) -> tuple[list[str
                         f"{elf.platform or '<arch>'}-linux-gnu.so), not {elf.path.name}")
     if name.kind == "soabi" and elf.platform and name.platform != elf.platform:
         problems.append(f"named for {name.platform} but the ELF is {elf.platform}")
-    if name.kind == "soabi" and py.is_extension and not py.version_specific:
-        if py.newer_than_min:
-            notes.append("uses only the limited API, some of it newer than the abi3 target")
-        else:
-            notes.append("uses only the limited API: could ship as .abi3.so")
+    if name.kind == "soabi" and py.is_extension and py.non_limited == [] and not py.pybind11:
+        notes.append("uses only the limited API, some of it newer than the abi3 target"
+                     if py.newer_than_min else "uses only the limited API: could ship as .abi3.so")
     if name.kind == "abi3" and not py.is_extension:
         notes.append("no PyInit_*: a plain library (torch.ops.load_library / ctypes), "
                      "not an importable module")
@@ -283,7 +271,6 @@ class Options:
     require: str = "any"                 # stable | no-torch | any
     torch_target: str | None = None      # fail when a file needs a newer torch
     python_min: str = "3.10"
-    torch_headers: str | None = None     # parse these headers instead of the table
     use_abi3audit: bool | None = None    # None: when installed
 
 
@@ -323,18 +310,14 @@ def audit_file(path: str | Path, display: str | None = None,
         rec.failures.append(str(exc))
         return rec
     rec.soname, rec.needed = elf.soname, elf.needed
-    table = tables.shim_table(opts.torch_headers)
-    pymin = parse_version(opts.python_min)
-
-    rec.torch = torch_check(elf, table)
-    rec.python = python_check(elf, pymin)
+    rec.torch = t = torch_check(elf, shims.shim_table())
+    rec.python = python_check(elf, path, parse_version(opts.python_min), opts.use_abi3audit)
     name = parse_name(path.name)
     problems, notes = name_check(name, rec.python, elf)
     rec.name = {"kind": name.kind, "module": name.stem, "ok": not problems,
                 "problems": problems, "notes": notes}
-    rec.abi3 = abi3_check(path, name, rec.python, pymin, opts.use_abi3audit)
+    rec.abi3 = abi3_check(name, rec.python)
 
-    t = rec.torch
     if opts.require == "stable" and t.verdict == UNSTABLE:
         rec.failures.append("UNSTABLE: imports libtorch symbols outside the stable C shims "
                             "(--require stable)")

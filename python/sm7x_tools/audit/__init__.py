@@ -1,16 +1,19 @@
-"""ABI audit of native libraries: ``python -m sm7x.audit PATH...``.
+"""ABI audit of native libraries, a build/test tool (not shipped in any sm7x package):
+``PYTHONPATH=python python -m sm7x_tools.audit PATH...`` from the source tree.
 
 Per shared object it reports
 - the torch verdict: STABLE (imports only C shims of torch's stable ABI: aoti_torch_*,
-  torch_*), UNSTABLE (imports libtorch/c10 C++ symbols), NO-TORCH;
-- the lowest torch whose shims it needs, from a table generated from torch's shim
-  headers (``gen_tables.py``);
-- the abi3 verdict of ``*.abi3.so`` files (abi3audit, limited API of Python 3.10);
+  torch_*), UNSTABLE (imports libtorch/c10 C++ symbols, or C symbols of a torch library
+  it links), NO-TORCH;
+- the lowest torch whose shims it needs (imported, or named for dlsym), from
+  torch-abi-audit's table of PyTorch's shim versions (``shims.py``);
+- the abi3 verdict of ``*.abi3.so`` files: abi3audit when installed; a file that uses no
+  Python API at all (sm7x's torch libraries) needs no list;
 - whether the file name matches the file: PyInit_<name> vs the name, pybind11 and other
   non-limited-API modules SOABI-named, never ``.abi3.so`` (shared seed 000).
 
-A build/test tool: needs pyelftools (abi3audit for the authoritative abi3 check, rich for
-a nicer table), never torch. ``import sm7x`` does not import it.
+Needs pyelftools (the recipe has it offline); abi3audit for the abi3 check of modules
+that use the Python C API. Never imports torch.
 """
 
 from __future__ import annotations
@@ -18,20 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ._core import (  # noqa: F401  (re-exported)
-    NO_TORCH,
-    STABLE,
-    UNSTABLE,
-    Options,
-    Record,
-    audit_file,
-    parse_name,
-)
+from ._core import NO_TORCH, STABLE, UNSTABLE, Options, Record, audit_file, parse_name
 from ._elf import is_elf
 from ._inputs import InputError, expand
 
 __all__ = ["STABLE", "UNSTABLE", "NO_TORCH", "Options", "Record", "audit_file",
-           "audit_paths", "InputError"]
+           "audit_paths", "parse_name", "InputError"]
 
 
 def audit_paths(paths: Iterable[str | Path], opts: Options | None = None) -> list[Record]:
@@ -39,8 +34,7 @@ def audit_paths(paths: Iterable[str | Path], opts: Options | None = None) -> lis
     failing record; a directory or package holding no shared object a skipped one."""
     opts = opts or Options()
     records: list[Record] = []
-    for arg in paths:
-        arg = str(arg)
+    for arg in map(str, paths):
         try:
             with expand(arg) as found:
                 explicit = len(found) == 1 and found[0][1] == arg

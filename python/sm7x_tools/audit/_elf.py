@@ -80,7 +80,7 @@ def read_elf(path: Path) -> ElfInfo:
         from elftools.elf.sections import SymbolTableSection
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ElfError(
-            "sm7x.audit needs pyelftools to read ELF files: pip install pyelftools "
+            "sm7x_tools.audit needs pyelftools to read ELF files: pip install pyelftools "
             "(conda: pyelftools)"
         ) from exc
 
