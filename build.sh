@@ -2,6 +2,6 @@
 # Build the sm7x conda channel into ./channel (see README.md; ./build.sh --help).
 set -euo pipefail
 cd "$(dirname "$0")"
-source builder/venv.sh
-ensure_venv .sm7x/tools builder/requirements.txt
-exec "$VENV_PY" -m builder "$@"
+source python/sm7x_tools/venv.sh
+ensure_venv .sm7x/tools python/sm7x_tools/requirements.txt
+PYTHONPATH=python exec "$VENV_PY" -m sm7x_tools.channel "$@"

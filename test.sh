@@ -5,7 +5,7 @@
 # except under CI, where a missing channel is an error.
 set -euo pipefail
 cd "$(dirname "$0")"
-source builder/venv.sh
-ensure_venv .sm7x/test-env builder/requirements.txt tests/requirements.txt
+source python/sm7x_tools/venv.sh
+ensure_venv .sm7x/test-env python/sm7x_tools/requirements.txt tests/requirements.txt
 "$VENV_PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
 exec "$VENV_PY" -m pytest "$@"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 
-from builder import REPO, bootstrap
+from sm7x_tools import REPO
+from sm7x_tools.bootstrap import CHANNEL as BOOTSTRAP
 
 CHANNEL = REPO / "channel"
-CHANNELS = [CHANNEL, bootstrap.CHANNEL]
+CHANNELS = [CHANNEL, BOOTSTRAP]
 
 
 def run(env, *args, timeout=300):

@@ -4,29 +4,28 @@ several machines; clear errors. Bundles are module-scoped: the pytorch one is ma
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import shutil
 import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import tomllib
 from pkgtest import CHANNEL, CHANNELS, run
-from rattler import LockFile, install
+from rattler import LockFile
 from rattler.explicit_environment import ExplicitEnvironmentSpec
 from rattler.package_streaming import extract
 from rattler_build import assemble_package
+from sourcetree import run_tool
 
-from builder import REPO, bootstrap, envs
-from builder.airgap import AirgapError, digest
-from builder.airgap.bundle import EnvRequest, bundle, requests_from_args, split_specs
-from builder.airgap.merge import compare_content, merge
-from builder.airgap.verify import verify
-from builder.channel import SUBDIRS, index_dir
+from sm7x_tools import bootstrap, envs
+from sm7x_tools.airgap import AirgapError
+from sm7x_tools.airgap.bundle import EnvRequest, bundle, requests_from_args, split_specs
+from sm7x_tools.airgap.merge import compare_content, merge
+from sm7x_tools.airgap.verify import verify
+from sm7x_tools.channel import SUBDIRS, index_dir
+from sm7x_tools.hashing import file_digest
 
 pytestmark = pytest.mark.package
 
@@ -48,10 +47,9 @@ def lock_envs(out: Path) -> dict[str, list]:
     return {name: env.conda_repodata_records()["linux-64"] for name, env in lock.environments()}
 
 
-def airgap(*args, cwd=REPO):
+def airgap(*args):
     """Run the CLI as a user does; wide output so messages are not wrapped."""
-    return subprocess.run([sys.executable, "-m", "builder.airgap", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "COLUMNS": "250"}, check=False)
+    return run_tool("sm7x_tools.airgap", *args, COLUMNS="250")
 
 
 def repack(src: Path, out_dir: Path, edit=None, level: int = 9) -> Path:
@@ -142,12 +140,12 @@ def test_lock_explicit_and_manifest_agree_with_the_files(small):
     assert any(v.startswith("__cuda=") for v in vp["cu75"]["virtual_packages"])
     assert not any(v.startswith("__cuda") for v in vp["login"]["virtual_packages"])
     for rel, rec in manifest["files"].items():
-        assert digest(out / rel).sha256 == rec["sha256"], rel
+        assert file_digest(out / rel).sha256 == rec["sha256"], rel
     for name, records in lock_envs(out).items():
         for r in records:
             assert r.url.startswith(small.channel_url + "/")
             path = out / "channel" / r.subdir / r.file_name
-            assert digest(path).sha256 == r.sha256.hex() and path.stat().st_size == r.size
+            assert file_digest(path).sha256 == r.sha256.hex() and path.stat().st_size == r.size
         if name == "default":
             continue
         text = (out / "envs" / f"{name}.txt").read_text()
@@ -159,7 +157,7 @@ def test_lock_explicit_and_manifest_agree_with_the_files(small):
         for url in urls:
             file_url, _, frag = url.partition("#")
             assert len(frag) == 64  # CEP 23: 64 hex characters are a sha256 (conda >= 24.9, mamba 2)
-            assert digest(Path(file_url.removeprefix("file://"))).sha256 == frag
+            assert file_digest(Path(file_url.removeprefix("file://"))).sha256 == frag
     toml = tomllib.loads((out / "pixi.toml").read_text())
     assert toml["workspace"]["channels"] == [small.channel_url]
     assert set(toml["environments"]) == {"cu75", "login"}
@@ -170,7 +168,7 @@ def test_offline_install_from_the_lock_alone(small, tmp_path):
     records = lock_envs(small.out)["cu75"]
     prefix = tmp_path / "env"
     # a fresh package cache: every package must come from the bundle's channel
-    asyncio.run(install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    envs.install(records, prefix, cache_dir=tmp_path / "cache")
     env = envs.Env(prefix, records, 0.0, 0.0)
     out = run(env, "-c", "import sm7x, sm7x._sched; print(sm7x.__file__)")
     assert str(prefix) in out
@@ -219,10 +217,10 @@ def problems_for(report, path: Path, root: Path) -> list[str]:
 
 def test_tampered_package_names_file_hashes_and_sources(copy):
     pkg = sm7x_pkg(copy / "channel")
-    want = digest(pkg).sha256
+    want = file_digest(pkg).sha256
     with open(pkg, "ab") as f:
         f.write(b"\0")
-    got = digest(pkg).sha256
+    got = file_digest(pkg).sha256
     report = verify(copy)
     assert not report.ok
     [text] = problems_for(report, pkg, copy)
@@ -241,7 +239,7 @@ def test_tampered_package_names_file_hashes_and_sources(copy):
 
 def test_tamper_and_reindex_is_caught_by_the_independent_records(copy, tmp_path):
     pkg = sm7x_pkg(copy / "channel")
-    want = digest(pkg).sha256
+    want = file_digest(pkg).sha256
     changed = repack(pkg, tmp_path / "changed", edit=edit_init)
     shutil.copyfile(changed, pkg)
     index_dir(copy / "channel")  # repodata.json now agrees with the altered file
@@ -314,12 +312,12 @@ def test_merge_treats_a_rebuilt_package_with_the_same_content_as_one(machines, t
     _, a, b = machines
     original = sm7x_pkg(CHANNEL)
     rebuilt = repack(original, tmp_path / "rebuilt", level=3)
-    assert digest(rebuilt).sha256 != digest(original).sha256 and not compare_content(rebuilt, original)
+    assert file_digest(rebuilt).sha256 != file_digest(original).sha256 and not compare_content(rebuilt, original)
     c = make_channel(tmp_path / "ch-c", {f"noarch/{rebuilt.name}": rebuilt})
     result = merge(tmp_path / "merged", [a, b, c], [bootstrap.CHANNEL])
     [entry] = [e for e in result.entries if e.path.name == rebuilt.name]
     assert entry.channel == 1 and entry.notes[0] == "identical in 2" and "3 has the same content" in entry.notes[1]
-    assert digest(sm7x_pkg(tmp_path / "merged")).sha256 == digest(original).sha256
+    assert file_digest(sm7x_pkg(tmp_path / "merged")).sha256 == file_digest(original).sha256
 
 
 def test_merge_refuses_a_conflicting_package(machines, tmp_path):
@@ -338,7 +336,7 @@ def test_merge_refuses_a_conflicting_package(machines, tmp_path):
     kept = merge(out, [a, b, d], [bootstrap.CHANNEL], keep_first=True)
     [entry] = [e for e in kept.entries if e.path.name == changed.name]
     assert entry.channel == 1 and entry.notes[1].startswith("--keep-first: 3 has other content")
-    assert digest(sm7x_pkg(out)).sha256 == digest(sm7x_pkg(CHANNEL)).sha256
+    assert file_digest(sm7x_pkg(out)).sha256 == file_digest(sm7x_pkg(CHANNEL)).sha256
 
 
 # --- CLI errors ----------------------------------------------------------------------------

@@ -3,13 +3,15 @@ timing is asserted: the figures are for reading, with their same-run baseline ra
 
 import json
 
-from builder import bench_envs
 from pkgtest import CHANNELS
+
+from sm7x_tools.envs import __main__ as envs_cli
+from sm7x_tools.envs import bench
 
 
 def test_bench_envs_writes_cases_with_baseline_ratios(tmp_path, capsys):
     out = tmp_path / "envs.json"
-    assert bench_envs.main(["--runs", "1", "--out", str(out)] + [f"--channel={c}" for c in CHANNELS]) == 0
+    assert bench.main(["--runs", "1", "--out", str(out)] + [f"--channel={c}" for c in CHANNELS]) == 0
     result = json.loads(out.read_text())
     cases = result["cases"]
     assert list(cases) == ["7.0", "7.5", "8.0", "absent", "empty"]
@@ -24,9 +26,7 @@ def test_bench_envs_writes_cases_with_baseline_ratios(tmp_path, capsys):
 
 
 def test_bad_channel_or_spec_is_a_message_not_a_traceback(tmp_path, capsys):
-    from builder import envs
-
-    assert bench_envs.main(["--runs", "1", "--channel", str(tmp_path)]) == 1
+    assert bench.main(["--runs", "1", "--channel", str(tmp_path)]) == 1
     assert "is not an indexed channel" in capsys.readouterr().err
-    assert envs.main([str(tmp_path / "env"), "nosuchpkg"] + [f"--channel={c}" for c in CHANNELS]) == 1
+    assert envs_cli.main([str(tmp_path / "env"), "nosuchpkg"] + [f"--channel={c}" for c in CHANNELS]) == 1
     assert "nosuchpkg" in capsys.readouterr().err and not (tmp_path / "env").exists()

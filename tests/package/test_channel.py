@@ -7,10 +7,10 @@ import json
 import subprocess
 
 import pytest
-
-from builder import envs
-from builder.channel import SUBDIRS, records
 from pkgtest import CHANNEL, CHANNELS, run
+
+from sm7x_tools import envs
+from sm7x_tools.channel import SUBDIRS, records
 
 pytestmark = pytest.mark.package
 

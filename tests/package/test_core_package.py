@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
-
-from builder import envs
 from pkgtest import CHANNEL, CHANNELS, run
+from sourcetree import run_tool
+
+from sm7x_tools import envs
 
 pytestmark = pytest.mark.package
 
@@ -62,8 +62,7 @@ def test_ops_run_in_a_cpu_torch_environment(tmp_path):
         assert op in out
     # the shipped file passes the audit: stable ABI for torch 2.10, abi3 name and API
     lib = env.prefix / "lib" / "python3.11" / "site-packages" / "sm7x" / "_core.abi3.so"
-    proc = subprocess.run([sys.executable, "-m", "sm7x.audit", "--json", "--require", "stable",
-                           "--torch-target", "2.10", str(lib)], capture_output=True, text=True)
+    proc = run_tool("sm7x_tools.audit", "--json", "--require", "stable", "--torch-target", "2.10", lib)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (record,) = json.loads(proc.stdout)["files"]
     assert record["torch"]["verdict"] == "STABLE", record["torch"]

@@ -8,14 +8,12 @@ The node kind is faked the way users fake it on login nodes: CONDA_OVERRIDE_CUDA
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-from rattler import BuildString, GenericVirtualPackage, PackageName, Version
-
-from builder import envs
 from pkgtest import CHANNELS, run
+
 from sm7x._select import selector_pick
+from sm7x_tools import envs
 
 BOTH = {"sm7x-fa2-sm70", "sm7x-fa2-sm75"}
 ALWAYS = {"sm7x", "sm7x-ext", "sm7x-core", "sm7x-fa2"}
@@ -71,17 +69,10 @@ def test_install_per_node_kind(tmp_path, monkeypatch, arch):
     assert set(info["solver"]["packages"]) == fa2
 
 
-def _vpkgs(arch):
-    base = [("__unix", "0"), ("__linux", "6.1"), ("__glibc", "2.36")]
-    if arch is not None:
-        base += [("__cuda", "12.4"), ("__cuda_arch", arch)]
-    return [GenericVirtualPackage(PackageName(n), Version(v), BuildString("0")) for n, v in base]
-
-
 @pytest.mark.parametrize("arch", [None, "7.0", "7.2", "7.5", "8.0", "8.6", "9.0", "12.0"])
 def test_solver_matches_the_doctors_rules(arch):
     """sm7x._select.selector_pick (what the doctor reports) is what the solver does."""
-    records = _solve(["sm7x-fa2"], _vpkgs(arch))
+    records = envs.solve(CHANNELS, ["sm7x-fa2"], envs.node_packages(arch))
     pick = selector_pick(arch)
     got = {r.name.normalized: r for r in records}
     assert str(got["sm7x-fa2"].build).startswith(pick.variant + "_")
@@ -93,7 +84,7 @@ def test_pascal_node_is_refused_by_the_solver():
     """Below 7.0 nothing runs: the solve fails and says __cuda_arch is why."""
     assert selector_pick("6.1").variant is None
     with pytest.raises(Exception, match="__cuda_arch"):
-        _solve(["sm7x", "python 3.11.*"], _vpkgs("6.1"))
+        envs.solve(CHANNELS, ["sm7x", "python 3.11.*"], envs.node_packages("6.1"))
 
 
 def test_core_is_constrained_to_its_oldest_arch():
@@ -104,24 +95,3 @@ def test_core_is_constrained_to_its_oldest_arch():
     cores = [r for r in data["packages.conda"].values() if r["name"] == "sm7x-core"]
     assert cores and all(any(c.startswith("__cuda_arch >=7.") for c in r["constrains"]) for r in cores)
     assert not any(d.startswith("__cuda_arch") for r in cores for d in r["depends"])
-
-
-def _solve(specs, vpkgs):
-    import asyncio
-
-    from rattler import solve
-
-    sources = [c.resolve().as_uri() for c in CHANNELS]
-    return asyncio.run(solve(sources, specs, platforms=["linux-64", "noarch"], virtual_packages=vpkgs))
-
-
-def test_override_without_cuda_is_ignored_by_rattler(monkeypatch):
-    """The pitfall the doctor warns about: the arch override alone is not seen."""
-    from rattler import VirtualPackage, VirtualPackageOverrides
-
-    if _has_driver():
-        pytest.skip("this machine has a CUDA driver: __cuda_arch is detected, not overridden")
-    monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", "7.0")
-    monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
-    names = {str(v).split("(")[0] for v in VirtualPackage.detect(VirtualPackageOverrides.from_env())}
-    assert "CudaArch" not in names and os.environ["CONDA_OVERRIDE_CUDA_ARCH"] == "7.0"

@@ -9,21 +9,18 @@ solver must then never give a Volta node the Turing-only core.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
-import sys
 
 import pytest
-from rattler import BuildString, GenericVirtualPackage, PackageName, Version, solve
-
-from builder import REPO, bootstrap
-from builder.airgap import AirgapError
-from builder.airgap import merge as merge_mod
-from builder.airgap.merge import merge
-from builder.airgap.verify import verify
 from pkgtest import CHANNEL
+from sourcetree import run_tool
+
 from sm7x._select import selector_pick
+from sm7x_tools import bootstrap, envs
+from sm7x_tools.airgap import AirgapError
+from sm7x_tools.airgap import merge as merge_mod
+from sm7x_tools.airgap.merge import merge
+from sm7x_tools.airgap.verify import verify
 
 
 def _repodata(channel):
@@ -34,8 +31,7 @@ def _repodata(channel):
 @pytest.fixture(scope="module")
 def sm75_channel(tmp_path_factory):
     out = tmp_path_factory.mktemp("matrix") / "ch-sm75"
-    proc = subprocess.run([sys.executable, "-m", "builder", "--variants", "sm75", "--no-test", "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=1800)
+    proc = run_tool("sm7x_tools.channel", "--variants", "sm75", "--no-test", "--output", out, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -98,16 +94,8 @@ def test_merged_channel_has_both_cuda_builds_and_verifies(merged):
     assert verify(out, [bootstrap.CHANNEL]).ok
 
 
-def _vpkgs(arch):
-    base = [("__unix", "0"), ("__linux", "6.1"), ("__glibc", "2.36")]
-    if arch:
-        base += [("__cuda", "12.4"), ("__cuda_arch", arch)]
-    return [GenericVirtualPackage(PackageName(n), Version(v), BuildString("0")) for n, v in base]
-
-
 def _solve(channels, specs, arch):
-    return asyncio.run(solve([c.as_uri() for c in [*channels, bootstrap.CHANNEL]], specs,
-                             platforms=["linux-64", "noarch"], virtual_packages=_vpkgs(arch)))
+    return envs.solve([*channels, bootstrap.CHANNEL], specs, envs.node_packages(arch))
 
 
 @pytest.mark.parametrize("arch, fa2", [("7.0", {"sm7x-fa2-sm70"}), ("7.5", {"sm7x-fa2-sm75"}),

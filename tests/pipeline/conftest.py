@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from builder import inputs
+from sm7x_tools.bootstrap import inputs
 
 
 @pytest.fixture

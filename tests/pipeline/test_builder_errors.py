@@ -3,18 +3,15 @@ never leaves a half-written channel behind."""
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from sourcetree import copy_tree, run_tool
 
-from builder import REPO, BuildFailed, bootstrap, channel, inputs, variants
-
-
+from sm7x_tools import REPO, bootstrap
+from sm7x_tools.bootstrap import inputs
+from sm7x_tools.channel import BuildFailed, publish, read_stamp, variants
+from sm7x_tools.hashing import file_digest
 
 
 def test_unpinned_input_is_refused(inputs_dir, pin_recipe):
@@ -44,7 +41,7 @@ def test_tampered_cached_input_is_replaced(inputs_dir, pin_recipe):
     (inputs_dir / name).write_bytes(b"not the wheel")
     said = []
     inputs.fetch(inputs.collect_pins([pin_recipe(name, sha)]), log=said.append)
-    assert hashlib.sha256((inputs_dir / name).read_bytes()).hexdigest() == sha
+    assert file_digest(inputs_dir / name).sha256 == sha
     assert any("not the pinned" in s for s in said)
 
 
@@ -106,28 +103,17 @@ def test_failed_publish_keeps_the_old_channel(tmp_path):
     empty = tmp_path / "built"
     empty.mkdir()
     with pytest.raises(BuildFailed, match="no packages"):
-        channel.publish(empty, old, "stamp")
+        publish(empty, old, "stamp")
     assert (old / "noarch" / "repodata.json").read_text() == "{}"
     assert not (tmp_path / "channel.partial").exists() or not any((tmp_path / "channel.partial").iterdir())
 
 
-def _tree_copy(dest: Path) -> Path:
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    for rel in filter(None, files.decode().split("\0")):
-        if (REPO / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, dest / rel)
-    return dest
-
-
 def _build(tree: Path, *args):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=tree, capture_output=True,
-                          text=True, timeout=900, env=env)
+    return run_tool("sm7x_tools.channel", *args, tree=tree, timeout=900)
 
 
 def test_unknown_variant_ends_the_build_with_a_message(tmp_path):
-    tree = _tree_copy(tmp_path / "tree")
+    tree = copy_tree(tmp_path / "tree")
     proc = _build(tree, "--variants", "nonexistent", "--output", str(tmp_path / "out"))
     assert proc.returncode == 1
     assert "unknown variant file 'nonexistent'" in " ".join(proc.stdout.split())
@@ -136,9 +122,9 @@ def test_unknown_variant_ends_the_build_with_a_message(tmp_path):
 
 @pytest.mark.slow
 def test_broken_patch_fails_the_build_and_keeps_the_channel(tmp_path):
-    if channel.read_stamp(bootstrap.CHANNEL) is None:
+    if read_stamp(bootstrap.CHANNEL) is None:
         pytest.skip("bootstrap channel not built (run ./build.sh)")
-    tree = _tree_copy(tmp_path / "tree")
+    tree = copy_tree(tmp_path / "tree")
     patch = next((tree / "patches").glob("0001-*.patch"))
     patch.write_text(patch.read_text().replace("-PACKAGED_BY = None", "-PACKAGED_BY = 42"))
     out = tmp_path / "out"

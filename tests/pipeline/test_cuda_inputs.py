@@ -4,12 +4,14 @@ names the file, the recipe and the fix. Network tests fetch about 150 kB."""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 
 import pytest
 
-from builder import BuildFailed, bootstrap, inputs
+from sm7x_tools import bootstrap
+from sm7x_tools.bootstrap import inputs
+from sm7x_tools.channel import BuildFailed
+from sm7x_tools.hashing import file_digest
 
 SMALL_DEB = "nvidia-cuda-toolkit-gcc_12.4.1-2_amd64.deb"  # 25 kB, in trixie non-free
 needs_apt = pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt-get")
@@ -53,7 +55,7 @@ def test_cached_deb_is_not_fetched_again(tmp_path, inputs_dir, monkeypatch, pin_
     inputs_dir.mkdir()
     (inputs_dir / SMALL_DEB).write_bytes(b"cached")
     monkeypatch.setattr(inputs.subprocess, "run", lambda *a, **k: pytest.fail("fetched a cached file"))
-    inputs.fetch(inputs.collect_pins([pin_recipe(SMALL_DEB, hashlib.sha256(b"cached").hexdigest())]))
+    inputs.fetch(inputs.collect_pins([pin_recipe(SMALL_DEB, file_digest(inputs_dir / SMALL_DEB).sha256)]))
 
 
 def test_no_apt_get_is_named(tmp_path, inputs_dir, monkeypatch, pin_recipe):

@@ -12,8 +12,9 @@ import zipfile
 from importlib import metadata
 
 import pytest
+from sourcetree import run_tool
 
-from builder import REPO
+from sm7x_tools import REPO
 
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 
@@ -29,8 +30,7 @@ def test_wheel_carries_soabi_named_module(tmp_path):
     # the only other native file may be the stable-ABI core (built when torch is there)
     assert set(native) - {f"sm7x/_sched{SUFFIX}"} <= {"sm7x/_core.abi3.so"}, native
     # and the audit agrees that every file is what its name declares
-    audit = subprocess.run([sys.executable, "-m", "sm7x.audit", "--plain", str(wheel)],
-                           capture_output=True, text=True, timeout=300)
+    audit = run_tool("sm7x_tools.audit", wheel)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert f"-{tag}-{tag}-" in wheel.name and "abi3" not in wheel.name, wheel.name

@@ -1,0 +1,386 @@
+"""`verify`: check a bundle or any channel directory before it crosses the air gap.
+
+A copy to removable media or a mirror can lose, truncate or alter files, and nobody on the
+other side can fetch them again. Every problem is reported, not just the first:
+
+- each subdir's repodata.json parses; every listed file exists with the recorded size,
+  sha256 and md5; every package file on disk is listed; each package's own info/index.json
+  (read by rattler) agrees with its record;
+- every dependency is satisfiable by some package of the channel, or of `--with` channels
+  (virtual packages, `__*`, excepted);
+- with `--against SOURCE`, every package of the source channel (or bundle) must be here
+  with the source's sha256: a mirror altered and re-indexed agrees with itself, not with it;
+- for a bundle, the hashes are also checked against the records that do not live in the
+  channel: pixi.lock, envs/*.txt and bundle.json. Someone who alters a package and
+  re-indexes passes a repodata-only check; these independent records still catch it. Each
+  environment is then solved again, offline, from the bundle's channel with its recorded
+  virtual packages, and must give the packages of the lock.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+from rattler import Channel, IndexJson, LockFile, MatchSpec, RepoData
+from rattler.explicit_environment import ExplicitEnvironmentSpec
+
+from ..channel import is_channel, require_channel
+from ..envs import RATTLER_ERRORS, solve
+from ..hashing import Digest, file_digest
+from . import (
+    SHA256SUMS,
+    READ_ERRORS,
+    AirgapError,
+    is_package,
+    read_json,
+    short,
+    subdirs,
+    url_to_path,
+)
+
+FIX_CHANNEL = "copy it again from the source channel, then verify again"
+FIX_BUNDLE = "copy the bundle again from where it was made, or re-make it (./airgap.sh bundle)"
+FIX_INDEX = "re-index the channel (./airgap.sh merge NEW DIR writes an indexed copy) or copy it again"
+
+
+@dataclass
+class Problem:
+    file: str
+    problem: str
+    fix: str
+
+
+@dataclass
+class Report:
+    root: Path
+    kind: str  # "bundle" or "channel"
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    packages: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class _Verifier:
+    def __init__(self, root: Path, with_channels: list[Path], resolve: bool):
+        self.root = root
+        self.with_channels = [require_channel(Path(c), "--with channel") for c in with_channels]
+        self.resolve = resolve
+        self.bundle = (root / "bundle.json").exists()
+        self.channel = root / "channel" if self.bundle else root
+        self.report = Report(root, "bundle" if self.bundle else "channel")
+        self.fix = FIX_BUNDLE if self.bundle else FIX_CHANNEL
+        self._digests: dict[Path, Digest | None] = {}
+        # relative path -> [(source file, detail, sha256, size)]
+        self.expect: dict[str, list[tuple[str, str, str, int | None]]] = defaultdict(list)
+        self.pool = []  # RepoDataRecords of the verified channel
+        self.manifest: dict | None = None
+        self.lock_envs: dict[str, list] = {}
+
+    def rel(self, path: Path) -> str:
+        return str(path.relative_to(self.root))
+
+    def problem(self, path: Path | str, text: str, fix: str | None = None) -> None:
+        where = self.rel(path) if isinstance(path, Path) else path
+        self.report.problems.append(Problem(where, text, fix or self.fix))
+
+    def digest(self, path: Path) -> Digest | None:
+        if path not in self._digests:
+            self._digests[path] = file_digest(path) if path.is_file() else None
+        return self._digests[path]
+
+    # --- the channel ---------------------------------------------------------------------
+
+    def check_channel(self) -> None:
+        if not is_channel(self.channel):
+            self.problem(self.channel, "no linux-64/ or noarch/ repodata.json: not an indexed channel", FIX_INDEX)
+            return
+        for sub in subdirs(self.channel):
+            self.check_subdir(sub)
+
+    def check_subdir(self, sub: Path) -> None:
+        repodata = sub / "repodata.json"
+        if not repodata.is_file():
+            self.problem(sub, "no repodata.json: clients cannot see this subdir (every subdir needs one, "
+                              "noarch included)", FIX_INDEX)
+            listed = {}
+        else:
+            try:
+                data = json.loads(repodata.read_text())
+                listed = {**data.get("packages", {}), **data.get("packages.conda", {})}
+                self.pool += RepoData.from_path(repodata).into_repo_data(Channel(self.channel.as_uri()))
+            except READ_ERRORS as exc:
+                self.problem(repodata, f"does not parse: {exc}", FIX_INDEX)
+                listed = {}
+        for fn, rec in sorted(listed.items()):
+            path = sub / fn
+            self.expect[self.rel(path)].append((self.rel(repodata), "", rec.get("sha256"), rec.get("size")))
+            got = self.digest(path)
+            if got is None:
+                continue  # reported with the expectations
+            self.report.packages += 1
+            self.report.bytes += got.size
+            if rec.get("md5") and rec["md5"] != got.md5 and rec.get("sha256") == got.sha256:
+                self.problem(path, f"md5 {got.md5} differs from {rec['md5']} in {self.rel(repodata)}", FIX_INDEX)
+            self.check_index_json(path, rec, self.rel(repodata))
+        for path in sorted(p for p in sub.iterdir() if is_package(p) and p.name not in listed):
+            self.problem(path, f"package file not listed in {self.rel(repodata)}: no client will ever install it",
+                         "remove it, or re-index the channel if it belongs there")
+
+    def read(self, path: Path, what: str, reader):
+        """reader(path), or None and a problem when the file does not parse as `what`."""
+        try:
+            return reader(path)
+        except READ_ERRORS as exc:
+            self.problem(path, f"cannot be read as {what} ({str(exc).strip()})")
+            return None
+
+    def check_index_json(self, path: Path, rec: dict, source: str) -> None:
+        ij = self.read(path, "a conda package", IndexJson.from_package_archive)
+        if ij is None:
+            return
+        got = {"name": ij.name.normalized, "version": str(ij.version), "build": str(ij.build),
+               "build_number": ij.build_number, "subdir": ij.subdir,
+               "depends": sorted(ij.depends), "constrains": sorted(ij.constrains)}
+        want = {"name": rec.get("name"), "version": rec.get("version"), "build": rec.get("build"),
+                "build_number": rec.get("build_number", 0), "subdir": rec.get("subdir"),
+                "depends": sorted(rec.get("depends", [])), "constrains": sorted(rec.get("constrains", []))}
+        for key, value in got.items():
+            if value != want[key]:
+                self.problem(path, f"info/index.json has {key} {value!r}, {source} says {want[key]!r}"
+                                   + (" (a channel with repodata patches differs here on purpose)"
+                                      if key in ("depends", "constrains") else ""))
+
+    # --- independent records of a bundle -------------------------------------------------
+
+    def read_bundle(self) -> None:
+        try:
+            self.manifest = read_json(self.root / "bundle.json")
+            base = self.manifest["channel_url"].rstrip("/")
+            envs = self.manifest["environments"]
+            files = self.manifest["files"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.problem(self.root / "bundle.json", f"does not parse as a bundle manifest ({exc})")
+            self.manifest = None
+            return
+        for rel, rec in files.items():
+            self.expect[rel].append(("bundle.json", "", rec.get("sha256"), rec.get("size")))
+        if base.startswith("file://") and url_to_path(base) != self.channel:
+            self.report.notes.append(f"this bundle's URLs point at {base}, but it lies at {self.root}: "
+                                     f"on the target, put it at {url_to_path(base).parent} (or re-make it with "
+                                     "--base-url for where it will be served)")
+        self.read_sha256sums(self.root / SHA256SUMS)
+        self.read_lock(base, set(envs))
+        for name in envs:
+            self.read_explicit(self.root / "envs" / f"{name}.txt", base)
+
+    def url_rel(self, url: str, base: str) -> str | None:
+        url, base = unquote(url), unquote(base)
+        return "channel/" + url[len(base) + 1:] if url.startswith(base + "/") else None
+
+    def read_lock(self, base: str, env_names: set[str]) -> None:
+        path = self.root / "pixi.lock"
+        lock = self.read(path, "a pixi lock file", LockFile.from_path)
+        self.lock_envs = {name: [r for recs in env.conda_repodata_records().values() for r in recs]
+                          for name, env in lock.environments()} if lock else {}
+        for name in sorted(env_names - set(self.lock_envs)):
+            self.problem(path, f"has no environment {name!r}, which bundle.json lists")
+        for name, records in self.lock_envs.items():
+            for rec in records:
+                rel = self.url_rel(rec.url, base)
+                if rel is None:
+                    self.problem(path, f"environment {name!r}: {rec.url} is outside the bundle's channel {base}")
+                    continue
+                self.expect[rel].append(("pixi.lock", name, rec.sha256.hex() if rec.sha256 else None, rec.size))
+
+    def read_sha256sums(self, path: Path) -> None:
+        if not path.is_file():
+            self.problem(path, "missing: the air-gapped side checks the bundle with sha256sum -c against it")
+            return
+        for line in path.read_text().splitlines():
+            sha, sep, rel = line.partition("  ")
+            if not sep or len(sha) != 64:
+                self.problem(path, f"line {line!r} is not '<sha256>  <file>'")
+                continue
+            self.expect[rel].append((SHA256SUMS, "", sha, None))
+
+    def read_explicit(self, path: Path, base: str) -> None:
+        if not path.is_file():
+            return  # a missing file is reported through bundle.json
+        spec = self.read(path, "an @EXPLICIT file", ExplicitEnvironmentSpec.from_path)
+        if spec is None:
+            return
+        for entry in spec.packages:
+            url, _, frag = entry.url.partition("#")
+            rel = self.url_rel(url, base)
+            if rel is None:
+                self.problem(path, f"{url} is outside the bundle's channel {base}")
+                continue
+            sha = frag.removeprefix("sha256:")  # CEP 23 allows the prefix; we write none
+            if len(sha) != 64:
+                self.problem(path, f"{url}: no #<sha256> after the URL", FIX_BUNDLE)
+                sha = None
+            self.expect[rel].append((self.rel(path), "", sha, None))
+
+    def compare(self) -> None:
+        """Every recorded hash against the file as it is now, grouped by what each record expects."""
+        for rel, records in sorted(self.expect.items()):
+            got = self.digest(self.root / rel)
+            if got is None:
+                self.problem(rel, f"missing; listed in {_sources(records)}")
+                continue
+            by_sha = defaultdict(list)
+            for rec in records:
+                if rec[2] is not None:
+                    by_sha[rec[2]].append(rec)
+            for sha, recs in by_sha.items():
+                if sha == got.sha256:
+                    continue
+                sizes = {r[3] for r in recs if r[3] is not None}
+                size = f" (size {got.size}, recorded {sizes.pop()})" if sizes and got.size not in sizes else ""
+                self.problem(rel, f"sha256 is {short(got.sha256)} but {short(sha)} is expected by "
+                                  f"{_sources(recs)}{size}: the file changed after it was recorded")
+
+    # --- dependencies and the offline solve ----------------------------------------------
+
+    def check_dependencies(self) -> None:
+        pool = list(self.pool)
+        for ch in self.with_channels:
+            for sub in subdirs(ch):
+                if (sub / "repodata.json").is_file():
+                    pool += RepoData.from_path(sub / "repodata.json").into_repo_data(Channel(ch.as_uri()))
+        by_name = defaultdict(list)
+        for rec in pool:
+            by_name[rec.name.normalized].append(rec)
+        where = "this channel" + (" or the --with channels" if self.with_channels else "")
+        for rec in self.pool:
+            for dep in rec.depends:
+                try:
+                    spec = MatchSpec(dep)
+                except RATTLER_ERRORS as exc:
+                    self.problem(self._pkg_rel(rec), f"dependency {dep!r} does not parse ({exc})", FIX_INDEX)
+                    continue
+                name = spec.name.normalized
+                if name.startswith("__"):
+                    continue
+                found = any(spec.matches(c) for c in by_name.get(name, [])
+                            if rec.subdir == "noarch" or c.subdir in (rec.subdir, "noarch"))
+                if not found:
+                    self.problem(self._pkg_rel(rec), f"depends on {dep!r}, which no package in {where} provides",
+                                 "copy the package that provides it into this channel, or name the channel "
+                                 "that has it with --with DIR")
+
+    def _pkg_rel(self, rec) -> str:
+        return self.rel(self.channel / rec.subdir / rec.file_name)
+
+    def resolve_envs(self) -> None:
+        if not self.manifest or not self.lock_envs:
+            return
+        for name, env in self.manifest["environments"].items():
+            locked = {r.file_name for r in self.lock_envs.get(name, [])}
+            try:
+                records = solve([self.channel], env["specs"], env["virtual_packages"])
+            except RATTLER_ERRORS as exc:
+                self.problem("pixi.lock", f"environment {name!r} no longer solves offline from the bundle's "
+                                          f"channel: {str(exc).strip()}")
+                continue
+            solved = {r.file_name for r in records}
+            if solved != locked:
+                diff = [f"+{f}" for f in sorted(solved - locked)] + [f"-{f}" for f in sorted(locked - solved)]
+                self.problem("pixi.lock", f"environment {name!r}: an offline solve from the bundle's channel "
+                                          f"differs from the lock: {' '.join(diff)}")
+
+    def read_reference(self, ref: Path) -> None:
+        """--against: the source channel's (or bundle's) records, kept apart from this copy.
+
+        A mirror whose package was altered and then re-indexed agrees with itself; it
+        cannot agree with the repodata.json of the channel it was copied from.
+        """
+        ref_channel = ref / "channel" if (ref / "bundle.json").exists() else ref
+        prefix = "channel/" if self.bundle else ""
+        for sub in subdirs(ref_channel):
+            repodata = sub / "repodata.json"
+            try:
+                data = json.loads(repodata.read_text())
+            except (OSError, ValueError) as exc:
+                raise AirgapError(f"--against {ref}: cannot read {repodata} ({exc})") from None
+            for fn, rec in {**data.get("packages", {}), **data.get("packages.conda", {})}.items():
+                self.expect[f"{prefix}{sub.name}/{fn}"].append(
+                    (f"--against {repodata}", "", rec.get("sha256"), rec.get("size")))
+
+    def run(self, against: list[Path] = ()) -> Report:
+        start = time.monotonic()
+        self.check_channel()
+        if self.bundle:
+            self.read_bundle()
+        for ref in against:
+            self.read_reference(ref)
+        self.compare()
+        self.check_dependencies()
+        if self.bundle and self.resolve:
+            self.resolve_envs()
+        self.report.seconds = time.monotonic() - start
+        return self.report
+
+
+def _sources(records) -> str:
+    """[("pixi.lock", "a"), ("pixi.lock", "b"), ("bundle.json", "")] -> "pixi.lock (envs a, b), bundle.json"."""
+    details: dict[str, list[str]] = {}
+    for source, detail, *_ in records:
+        details.setdefault(source, [])
+        if detail and detail not in details[source]:
+            details[source].append(detail)
+    parts = []
+    for source, ds in details.items():
+        parts.append(f"{source} ({'env' if len(ds) == 1 else 'envs'} {', '.join(sorted(ds))})" if ds else source)
+    return ", ".join(parts)
+
+
+def verify(directory: Path, with_channels: list[Path] = (), resolve: bool = True,
+           against: list[Path] = ()) -> Report:
+    root = Path(directory).resolve()
+    if not root.is_dir():
+        raise AirgapError(f"{root} is not a directory")
+    if not (root / "bundle.json").exists() and not is_channel(root):
+        raise AirgapError(f"{root} is neither a bundle (no bundle.json) nor a channel (no linux-64/ or noarch/ "
+                          "with a repodata.json)")
+    refs = []
+    for ref in against:
+        ref = Path(ref).resolve()
+        if not (ref / "bundle.json").exists() and not is_channel(ref):
+            raise AirgapError(f"--against {ref} is neither a bundle nor an indexed channel: give the channel "
+                              "this directory was copied from")
+        refs.append(ref)
+    return _Verifier(root, list(with_channels), resolve).run(refs)
+
+
+def print_report(report: Report) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..ui import console
+
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    what = f"{report.kind} {report.root}: {report.packages} packages, {report.bytes / 1e6:.1f} MB, " \
+           f"checked in {report.seconds:.1f} s"
+    if report.ok:
+        console.print(f"[green]verified[/] {what}; no problems")
+        return
+    table = Table(title=f"{len(report.problems)} problem(s) in {report.kind} {report.root}", show_lines=True)
+    table.add_column("file", overflow="fold")
+    table.add_column("problem", overflow="fold")
+    table.add_column("what to do", overflow="fold")
+    for p in report.problems:
+        table.add_row(escape(p.file), escape(p.problem), escape(p.fix))
+    console.print(table)
+    console.print(f"[bold red]verify failed:[/] {what}")

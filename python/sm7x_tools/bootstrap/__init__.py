@@ -1,0 +1,52 @@
+"""The offline bootstrap channel: conda-forge's names, repacked from what is reachable
+(README.md here; the repack recipes are under recipes/, their pinned downloads are
+fetched by inputs.py).
+
+Rebuilt only when its inputs change: the digest of recipes/ (file names relative to it,
+so the folder may move), this module and rattler-build's version is stored in the
+channel, and a matching channel is reused as it is.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from rattler_build import rattler_build_version
+
+from .. import STATE
+from ..channel import publish, rattler_build, read_stamp
+from ..hashing import tree_digest
+from ..ui import console
+from . import inputs
+
+RECIPES = Path(__file__).resolve().parent / "recipes"
+CHANNEL = STATE / "bootstrap" / "channel"
+# build order: later recipes solve against packages of earlier ones
+BOOTSTRAP_RECIPES = ["build-tools", "compilers", "cuda", "python", "pybind11", "torch-deps", "pytorch"]
+
+
+def digest() -> str:
+    return tree_digest([RECIPES, Path(__file__)], RECIPES.parent, extra=[rattler_build_version()])
+
+
+def ensure(force: bool = False) -> Path:
+    want = digest()
+    if not force and read_stamp(CHANNEL) == want:
+        console.print(f"[green]bootstrap channel up to date[/] ({CHANNEL})")
+        return CHANNEL
+    start = time.monotonic()
+    console.rule("bootstrap channel")
+    recipes = [RECIPES / name / "recipe.yaml" for name in BOOTSTRAP_RECIPES]
+    inputs.fetch(inputs.collect_pins(recipes), log=console.print)
+    work = STATE / "bootstrap" / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    logfile = work / "build.log"
+    for recipe in recipes:
+        rattler_build.build(recipe, output_dir=work, channels=[work.as_uri()], variant_files=[], logfile=logfile)
+    publish(work, CHANNEL, want)
+    shutil.rmtree(work, ignore_errors=True)
+    console.print(f"[green]bootstrap channel built[/] in {time.monotonic() - start:.0f} s: {CHANNEL}")
+    return CHANNEL

@@ -1,0 +1,96 @@
+"""Running rattler-build through its Python API, with progress and readable errors.
+
+rattler-build reports failures only through the progress callback's log, so every log
+line goes to a file and the tail of it is shown when a build fails.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+
+from ..ui import console
+from . import BuildFailed
+
+
+class _Progress:
+    def __init__(self, logfile: Path, status):
+        self.log = open(logfile, "a", encoding="utf-8")
+        self.tail = collections.deque(maxlen=60)
+        self.status = status
+
+    def _line(self, text: str) -> None:
+        self.log.write(text + "\n")
+        self.tail.append(text)
+
+    def on_download_start(self, event): pass
+    def on_download_progress(self, event): pass
+    def on_download_complete(self, event): pass
+
+    def on_build_step(self, event):
+        self._line(f"== {event.step_name}: {event.message}")
+
+    def on_log(self, event):
+        for text in str(event.message).splitlines():
+            self._line(text)
+            if text.startswith(("Starting build", "Artifact:", "Running test", "Compressing")):
+                self.status.update(f"[bold]{text[:110]}")
+
+
+def build_order(rendered: list) -> list:
+    """One build per distinct output, noarch outputs last, each after those it depends on.
+
+    rendered: a variant per (output, variant combination), so a noarch output comes back
+    once per Python although all renderings are the same package (same hash). A noarch
+    package's tests install it next to the packages it depends on (per-Python ones for
+    the lowest and highest Python, the sm7x-fa2 selector), so those must exist first.
+    """
+    unique = {}
+    for v in rendered:
+        key = (v.recipe.package.name, str(v.hash_info.hash) if v.hash_info else repr(v.variant))
+        unique.setdefault(key, v)
+    deps = {v.recipe.package.name: {str(d).split()[0] for d in v.recipe.requirements.run}
+            for v in unique.values()}
+
+    def depth(name: str, seen: frozenset = frozenset()) -> int:
+        inner = [depth(d, seen | {name}) for d in deps.get(name, ()) if d in deps and d not in seen]
+        return 1 + max(inner, default=-1)
+
+    return sorted(unique.values(), key=lambda v: (v.recipe.build.noarch is not None, depth(v.recipe.package.name)))
+
+
+def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],
+          logfile: Path, test: bool = True) -> list:
+    """Build every variant of one recipe into output_dir; return rattler-build's results."""
+    files = [str(f) for f in variant_files]
+    local = recipe.parent / "variants.yaml"
+    if local.exists():
+        files.append(str(local))
+    variants = VariantConfig.from_files(files) if files else VariantConfig()
+    tool = ToolConfiguration(test_strategy="native" if test else "skip", compression_threads=2)
+    start = time.monotonic()
+    with console.status(f"[bold]building {recipe.parent.name}") as status:
+        progress = _Progress(logfile, status)
+        results = []
+        try:
+            for v in build_order(Stage0Recipe.from_file(recipe).render(variants)):
+                t0 = time.monotonic()
+                r = v.run_build(
+                    tool_config=tool,
+                    output_dir=output_dir,
+                    channels=channels,
+                    progress_callback=progress,
+                    package_format="conda:1",  # several times faster than the default level
+                )
+                console.print(f"  [green]built[/] {r.name} {r.version} {r.build_string}  ({time.monotonic() - t0:.0f} s)")
+                results.append(r)
+        except Exception as exc:
+            tail = "\n    ".join(list(progress.tail)[-30:])
+            raise BuildFailed(f"rattler-build failed on {recipe}: {exc}\n  last log lines:\n    {tail}\n  full log: {logfile}") from exc
+        finally:
+            progress.log.close()
+    console.print(f"  {recipe.parent.name}: {len(results)} package(s) in {time.monotonic() - start:.0f} s")
+    return results
