@@ -1,6 +1,8 @@
-// sm7x FlashAttention-2 forward for Turing (sm_75): the interface between the op layer
-// (ops.cpp, torch stable ABI) and the kernels (fa2_fwd_kernel.cuh + one fa2_fwd_hdim*.cu
-// per compiled head dim, which see no torch header).
+// sm7x FlashAttention-2 forward for Volta (sm_70) and Turing (sm_75): the interface
+// between the op layer (ops.cpp, torch stable ABI) and the kernels (sm70/ or sm75/
+// fwd_kernel.cuh, instantiated once per compiled head dim by the generated
+// fwd_hdim*.cu files, which see no torch header). Each library compiles this with its own
+// compiled_head_dims.h, generated from python/sm7x/targets.json.
 //
 // Plain C++17: raw pointers, strides in elements, a cudaStream_t. The op layer has
 // validated shapes, dtypes, devices and alignment (every pointer 16-byte aligned, every
@@ -8,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "compiled_head_dims.h"  // kCompiledHeadDims, kMaxHeadDim, kHeadDimMultiple
 
 typedef struct CUstream_st* cudaStream_t;
 
@@ -37,15 +41,14 @@ struct FwdParams {
   int window_left, window_right;  // -1: unbounded; causal is window_right = 0
 };
 
-// Head dims a kernel is compiled for; a head dim runs on the smallest one >= it.
-constexpr int kCompiledHeadDims[] = {32, 64, 96, 128, 256};
-
 // Launches on `stream` (current device); returns a cudaError_t as int (0 = success).
+// One specialization per entry of kCompiledHeadDims (generated fwd_hdim*.cu).
 template <int kHeadDim>
 int run_fwd(const FwdParams& p, cudaStream_t stream);
 
-int compiled_head_dim(int head_dim);  // 0 when head_dim > 256
-int fwd(const FwdParams& p, cudaStream_t stream);  // dispatch on compiled_head_dim
+// run_fwd of the smallest compiled head dim >= p.head_dim (dispatch.cu);
+// cudaErrorInvalidValue when p.head_dim is larger than all of them.
+int fwd(const FwdParams& p, cudaStream_t stream);
 const char* cuda_error_string(int err);
 
 }  // namespace fa2

@@ -26,12 +26,9 @@
 #include "fa2.h"
 
 // The library's arch (messages) and op namespace: one ops.cpp for every library of the
-// family, compiled once per target with its own definitions (defaults: sm75).
-#ifndef SM7X_FA2_ARCH
-#define SM7X_FA2_ARCH "sm75"
-#endif
-#ifndef SM7X_FA2_NAMESPACE
-#define SM7X_FA2_NAMESPACE sm7x_fa2_sm75
+// family, compiled once per library with its own definitions (csrc/fa2/CMakeLists.txt).
+#if !defined(SM7X_FA2_ARCH) || !defined(SM7X_FA2_NAMESPACE)
+#error "SM7X_FA2_ARCH and SM7X_FA2_NAMESPACE must be defined (csrc/fa2/CMakeLists.txt does)"
 #endif
 // Indirection so that SM7X_FA2_NAMESPACE is expanded before torch's macros paste it.
 #define SM7X_FA2_LIBRARY(ns, m) STABLE_TORCH_LIBRARY(ns, m)
@@ -81,6 +78,13 @@ void check_int32(const char* op, const char* what, int64_t v) {
             ", larger than the kernels support (2^31 - 1)");
 }
 
+// "32, 64, ...": the compiled head dims, for messages.
+std::string head_dims_text() {
+  std::string text;
+  for (int d : kCompiledHeadDims) text += (text.empty() ? "" : ", ") + std::to_string(d);
+  return text;
+}
+
 struct Common {
   int heads, kv_heads, head_dim;
 };
@@ -101,9 +105,10 @@ Common check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor&
   FA2_CHECK(k.size(nd - 1) == hd && v.size(nd - 1) == hd, op,
             "q, k and v must have the same head dim, got q ", shape_str(q), ", k ",
             shape_str(k), ", v ", shape_str(v));
-  FA2_CHECK(hd > 0 && hd % 8 == 0 && hd <= 256, op, "head dim ", hd,
-            " is not supported: it must be a multiple of 8 and at most 256 (kernels are "
-            "compiled for 32, 64, 96, 128, 256; other sizes run padded)");
+  FA2_CHECK(hd > 0 && hd % kHeadDimMultiple == 0 && hd <= kMaxHeadDim, op, "head dim ", hd,
+            " is not supported: it must be a multiple of ", kHeadDimMultiple, " and at most ",
+            kMaxHeadDim, " (kernels are compiled for ", head_dims_text(),
+            "; other sizes run padded)");
   const int64_t heads = q.size(nd - 2), kv_heads = k.size(nd - 2);
   FA2_CHECK(v.size(nd - 2) == kv_heads, op, "k has ", kv_heads, " heads but v has ",
             v.size(nd - 2), "; they must match");

@@ -139,6 +139,36 @@ def check_packed_qkv():
     assert (out.float() - ref).abs().max().item() <= 4e-3
 
 
+def check_cuda_graph(tag, d, causal=True):
+    """flash_attn_func captured in a real CUDA graph on a side stream, replayed on new
+    inputs. A launch on another stream than the capturing one (the legacy default stream,
+    say) fails the capture; a launch that ran eagerly instead of being captured leaves the
+    output of the capture-time inputs, which the new inputs' reference does not match."""
+    from sm7x.fa2 import flash_attn_func
+
+    b, sq, sk, h, hk = 2, 200, 333, 4, 2
+    q, k, v = _qkv(b, sq, sk, h, hk, d, seed=20)  # the graph's static inputs
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: loads the library, sets the smem opt-in
+        flash_attn_func(q, k, v, causal=causal)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = flash_attn_func(q, k, v, causal=causal)
+    for seed in (21, 22):
+        nq, nk, nv = _qkv(b, sq, sk, h, hk, d, seed=seed)
+        q.copy_(nq)
+        k.copy_(nk)
+        v.copy_(nv)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = reference(nq, nk, nv, d ** -0.5, causal)
+        err = (out.float() - ref).abs().max().item()
+        _record(f"out {tag}graph replay d={d}", err)
+        assert err <= 4e-3, f"{tag}graph replay d={d}, inputs {seed}: max |out - ref| = {err}"
+
+
 def report_worst(title):
     """Print the worst errors (pytest -s) and write them to $FA2_ERRORS_OUT when set."""
     lines = [f"{key}: {err:.3e}" for key, err in sorted(WORST.items())]

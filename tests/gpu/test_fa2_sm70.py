@@ -34,8 +34,8 @@ pytestmark = pytest.mark.gpu
 
 
 from fa2_reference import (  # noqa: E402
-    SEQS, _qkv, check_fwd, check_packed_qkv, check_softcap, check_varlen, check_window,
-    report_worst)
+    SEQS, _qkv, check_cuda_graph, check_fwd, check_packed_qkv, check_softcap, check_varlen,
+    check_window, report_worst)
 
 
 @pytest.mark.parametrize("d", [64, 128, 32, 96, 256, 80, 40])
@@ -73,6 +73,12 @@ def test_varlen(d, causal):
 
 def test_strided_inputs_from_packed_qkv():
     check_packed_qkv()
+
+
+# every sm70 config but d=32 needs the > 48 KB shared-memory opt-in (cudaFuncSetAttribute)
+@pytest.mark.parametrize("d", [32, 64, 256])
+def test_cuda_graph_capture_and_replay_on_a_side_stream(d):
+    check_cuda_graph("sm70 ", d)
 
 
 def test_op_validation_messages():

@@ -1,6 +1,6 @@
 """sm7x FA2 forward against torch SDPA's memory-efficient backend, in the same run.
 
-``python -m sm7x.bench fa2 [--arch sm75] [--out fa2.json] [--plot fa2.png]``
+``[SM7X_FA2_FORCE=sm75] python -m sm7x.bench fa2 [--out fa2.json] [--plot fa2.png]``
 
 The memory-efficient backend is the only fused SDPA backend that runs on Volta/Turing,
 so it is the baseline a user of these GPUs has. fp16, ``--tokens`` tokens per batch

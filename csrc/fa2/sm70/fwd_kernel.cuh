@@ -1,5 +1,5 @@
-// FlashAttention-2 forward kernel for Volta (sm_70). Included only by the per-head-dim
-// instantiation files (fa2_fwd_sm70_hdim*.cu); no torch header.
+// FlashAttention-2 forward kernel for Volta (sm_70). Included only by the generated
+// per-head-dim instantiation files (csrc/fa2/fwd_instance.cu.in); no torch header.
 //
 // Volta has no ldmatrix, no cp.async and no m16n8k8; its tensor-core instruction is
 // mma.m8n8k4 (quad-pair layout) and WMMA m16n16k16 on top of it. This kernel uses WMMA
@@ -11,19 +11,18 @@
 // rows. Per key tile of BC keys, per warp:
 //   S = Q K^T       WMMA m16n16k16, A = Q (row major, smem), B = K (col major: K rows as
 //                   stored), BC / 16 fp32 accumulators -> the warp's fp32 scratch [16][BC]
-//   online softmax  fp32, 2 lanes per row (lane >> 1 = row, lane & 1 = which 4-column
-//                   half of every 8 columns), exp2 with log2(e) folded into the scale;
-//                   masking for seqlen tails, causal (bottom-right aligned), sliding
-//                   window; optional tanh softcap. P written as fp16 to the warp's sP.
+//   online softmax  fp32 (common/softmax.cuh), 2 lanes per row (lane >> 1 = row, lane & 1
+//                   = which 4-column half of every 8 columns). P written as fp16 to the
+//                   warp's sP.
 //   O += P V        WMMA, A = P (smem), B = V (row major), one D/16 slice at a time into
 //                   the scratch; each lane then does o = o * alpha + PV for its row. O
 //                   lives in registers (D / 2 floats per lane) in the softmax's layout,
 //                   so the per-row rescale needs no shuffles.
-// Global loads are 128-bit and register-staged (the helpers of fa2_fwd_kernel.cuh): with
-// kPrefetch the next K/V tiles are fetched into registers at the top of an iteration and
-// stored to shared memory after its GEMMs.
-// Shared memory (<= 96 KB, V100): Q [BR][D+8], K [BC][D+8], V [BC][D+8] fp16; per warp an
-// fp32 scratch [16][max(BC, D) + 8] and an fp16 P tile [16][BC+8].
+// Global loads are 128-bit and register-staged (common/tile_io.cuh): with
+// KvPrefetch::kBoth the next K/V tiles are fetched into registers at the top of an
+// iteration and stored to shared memory after its GEMMs; kNone fetches them after.
+// Shared memory: Q [BR][D+8], K [BC][D+8], V [BC][D+8] fp16; per warp an fp32 scratch
+// [16][max(BC, D) + 8] and an fp16 P tile [16][BC+8].
 #pragma once
 
 #include <cuda_fp16.h>
@@ -32,51 +31,43 @@
 
 #include <cstdint>
 
+#include "common/bounds.cuh"
+#include "common/config.cuh"
+#include "common/epilogue.cuh"
+#include "common/launch.cuh"
+#include "common/mask.cuh"
+#include "common/ptx.cuh"
+#include "common/softmax.cuh"
+#include "common/tile_io.cuh"
 #include "fa2.h"
-#include "fa2_fwd_kernel.cuh"  // arch-neutral helpers: tile I/O, fast_exp2, pack_half2, launch
 
 namespace sm7x {
 namespace fa2 {
 namespace sm70 {
 
-constexpr int kVoltaSmemBytes = 96 * 1024;  // max shared memory per block on V100
-
-template <int D, int BR, int BC, bool PREFETCH>
-struct Sm70Config {
-  static constexpr bool kPrefetch = PREFETCH;
-  static constexpr int kHeadDim = D;
-  static constexpr int kBlockM = BR;
-  static constexpr int kBlockN = BC;
-  static constexpr int kWarps = BR / 16;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kStride = D + 8;  // fp16 tile row stride (halves)
-  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS>
+struct FwdConfig : TileShape<D, BR, BC> {
+  using Shape = TileShape<D, BR, BC>;
+  static constexpr bool kPrefetch = PREFETCH == KvPrefetch::kBoth;
   static constexpr int kSStride = BC + 8;  // fp32 S scratch row stride (floats)
   static constexpr int kOStride = D + 8;   // fp32 PV scratch row stride (floats)
   static constexpr int kScratchFloats = 16 * (kSStride > kOStride ? kSStride : kOStride);
   static constexpr int kPStride = BC + 8;  // fp16 P row stride (halves)
-  static constexpr int kTileBytes = (BR + 2 * BC) * kStride * 2;
+  static constexpr int kTileBytes = (BR + 2 * BC) * Shape::kStride * 2;
   static constexpr int kSmemBytes =
-      kTileBytes + kWarps * kScratchFloats * 4 + kWarps * 16 * kPStride * 2;
-  static constexpr int kQLoads = BR * kChunks / kThreads;
-  static constexpr int kTileLoads = BC * kChunks / kThreads;
-  static_assert(D % 16 == 0 && D <= 256, "head dim: a multiple of 16, at most 256");
-  static_assert(BR % 16 == 0 && BC % 16 == 0, "tiles: multiples of 16");
-  static_assert(kSmemBytes <= kVoltaSmemBytes, "shared memory over Volta's 96 KB");
+      kTileBytes + Shape::kWarps * kScratchFloats * 4 + Shape::kWarps * 16 * kPStride * 2;
+  static_assert(PREFETCH == KvPrefetch::kBoth || PREFETCH == KvPrefetch::kNone,
+                "sm70 kernel: prefetch kBoth or kNone");
+  static_assert(!Q_IN_REGS, "sm70 kernel: WMMA reads Q from shared memory (no q_in_regs)");
   static_assert(kTileBytes % 32 == 0 && (kScratchFloats * 4) % 32 == 0 &&
                     (16 * kPStride * 2) % 32 == 0,
                 "WMMA pointers must stay 32-byte aligned");
-  static_assert(BR * kChunks % kThreads == 0 && BC * kChunks % kThreads == 0,
-                "tile loads must split evenly over the threads");
 };
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads) fwd_kernel_sm70(const FwdParams p) {
+__global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   using namespace nvcuda;
-  using detail::fast_exp2;
-  using detail::load_tile;
-  using detail::pack_half2;
-  using detail::store_tile;
+  using namespace detail;
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
   constexpr int SS = C::kSStride, OS = C::kOStride, PS = C::kPStride;
   constexpr int NJ = BC / 8;  // 8-column groups of S per row
@@ -91,43 +82,22 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel_sm70(const FwdParams p
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int lr = lane >> 1, half = lane & 1;  // softmax / O layout: row lr, 4-col half
   const int h = blockIdx.y, b = blockIdx.z;
+  // Last m-block first: with causal masking it has the most key tiles (less tail).
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BR;
   float* scratch = scratch_all + warp * C::kScratchFloats;
   __half* sP = sP_all + warp * 16 * PS;
 
-  int sq, sk;
-  int64_t q_off, k_off, v_off;
-  if (p.cu_seqlens_q != nullptr) {
-    const int qs = p.cu_seqlens_q[b], ks = p.cu_seqlens_k[b];
-    sq = p.cu_seqlens_q[b + 1] - qs;
-    sk = p.cu_seqlens_k[b + 1] - ks;
-    q_off = (int64_t)qs * p.q_row_stride;
-    k_off = (int64_t)ks * p.k_row_stride;
-    v_off = (int64_t)ks * p.v_row_stride;
-  } else {
-    sq = p.seqlen_q;
-    sk = p.seqlen_k;
-    q_off = (int64_t)b * p.q_batch_stride;
-    k_off = (int64_t)b * p.k_batch_stride;
-    v_off = (int64_t)b * p.v_batch_stride;
-  }
+  const Sequence seq = sequence(p, b);
+  const int sq = seq.sq, sk = seq.sk;
   if (m0 >= sq) return;
-  const int hk = h / (p.heads / p.kv_heads);
-  const __half* qg = static_cast<const __half*>(p.q) + q_off + (int64_t)h * p.q_head_stride;
-  const __half* kg = static_cast<const __half*>(p.k) + k_off + (int64_t)hk * p.k_head_stride;
-  const __half* vg = static_cast<const __half*>(p.v) + v_off + (int64_t)hk * p.v_head_stride;
-
-  // Keys row i may see (bottom-right aligned): [i + off - left, i + off + right].
-  const int off = sk - sq;
-  const int last_row = min(m0 + BR, sq) - 1;
-  int n_lo = 0, n_hi = sk;
-  if (p.window_left >= 0) n_lo = max(0, m0 + off - p.window_left);
-  if (p.window_right >= 0) n_hi = min(sk, last_row + off + p.window_right + 1);
-  const int t_lo = n_lo / BC;
-  const int t_hi = n_hi > n_lo ? (n_hi + BC - 1) / BC : t_lo;
-
-  const float sl2 = p.softcap > 0.f ? 1.4426950408889634f : p.scale * 1.4426950408889634f;
-  const float cap_in = p.softcap > 0.f ? p.scale / p.softcap : 0.f;
+  int64_t q_off, k_off, v_off;
+  head_offsets(p, seq, h, q_off, k_off, v_off);
+  const __half* qg = static_cast<const __half*>(p.q) + q_off;
+  const __half* kg = static_cast<const __half*>(p.k) + k_off;
+  const __half* vg = static_cast<const __half*>(p.v) + v_off;
+  const KeyTiles tiles = key_tiles<BR, BC>(p, m0, sq, sk);
+  const int off = tiles.off, last_row = tiles.last_row, t_lo = tiles.t_lo, t_hi = tiles.t_hi;
+  const SoftmaxScale sc = softmax_scale(p);
 
   {
     uint4 qr[C::kQLoads];
@@ -191,43 +161,30 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel_sm70(const FwdParams p
       s[j][2] = v4.z;
       s[j][3] = v4.w;
     }
-    if (p.softcap > 0.f) {
+    softcap_scores(s, p, sc.cap_in);
+    // s[j][e]: key n0 + 8 j + 4 half + e of this lane's row
+    if (SM7X_FA2_TILE_NEEDS_MASK(p, BC, n0, m0, last_row, sk, off)) {
+      const int left = p.window_left, right = p.window_right;
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = p.softcap * tanhf(s[j][e] * cap_in);
-    }
-    const bool need_mask =
-        n0 + BC > sk ||
-        (p.window_right >= 0 && n0 + BC - 1 > m0 + off + p.window_right) ||
-        (p.window_left >= 0 && n0 < last_row + off - p.window_left);
-    if (need_mask) {
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n0 + j * 8 + half * 4 + e;
-          const bool ok = col < sk &&
-                          (p.window_right < 0 || col <= row + off + p.window_right) &&
-                          (p.window_left < 0 || col >= row + off - p.window_left);
-          if (!ok) s[j][e] = -INFINITY;
-        }
+        for (int e = 0; e < 4; ++e)
+          if (!key_visible(n0 + j * 8 + half * 4 + e, row, sk, off, left, right))
+            s[j][e] = -INFINITY;
     }
     float mx = row_max;
 #pragma unroll
     for (int j = 0; j < NJ; ++j)
       mx = fmaxf(mx, fmaxf(fmaxf(s[j][0], s[j][1]), fmaxf(s[j][2], s[j][3])));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_use = mx == -INFINITY ? 0.f : mx;  // a row with nothing seen yet
-    const float alpha = fast_exp2((row_max - m_use) * sl2);
-    row_max = mx;
-    const float bias = -m_use * sl2;
+    mx = row_allreduce_max<2>(mx);
+    float bias;
+    const float alpha = online_rescale(row_max, mx, sc.sl2, bias);
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[j][e] = fast_exp2(fmaf(s[j][e], sl2, bias));
+        s[j][e] = exp2_scaled(s[j][e], sc.sl2, bias);
         sum += s[j][e];
       }
       uint2 pk;
@@ -274,24 +231,12 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel_sm70(const FwdParams p
     }
   }
 
-  // ---- epilogue: O / l, LSE; O staged through this warp's own rows of sQ for 128-bit stores
+  // ---- epilogue: O / l, LSE; O staged through this warp's own rows of sQ
   int64_t o_off, lse_off;
-  if (p.cu_seqlens_q != nullptr) {
-    const int qs = p.cu_seqlens_q[b];
-    o_off = (int64_t)qs * p.o_row_stride;
-    lse_off = qs;
-  } else {
-    o_off = (int64_t)b * p.o_batch_stride;
-    lse_off = (int64_t)b * p.lse_batch_stride;
-  }
-  __half* og = static_cast<__half*>(p.o) + o_off + (int64_t)h * p.o_head_stride;
-  float* lg = p.lse + lse_off + (int64_t)h * p.lse_head_stride;
-  float l = row_sum + __shfl_xor_sync(0xffffffffu, row_sum, 1);
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  if (half == 0 && row < sq) {
-    const float scale_nat = p.softcap > 0.f ? 1.f : p.scale;
-    lg[row] = l > 0.f ? row_max * scale_nat + __logf(l) : INFINITY;
-  }
+  out_offsets(p, b, h, o_off, lse_off);
+  const float l = row_allreduce_sum<2>(row_sum);
+  const float inv = inv_row_sum(l);
+  if (half == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max);
   __syncwarp();
   __half* sO = sQ + warp * 16 * ST;  // only this warp ever read these Q rows
 #pragma unroll
@@ -302,20 +247,12 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel_sm70(const FwdParams p
     *reinterpret_cast<uint2*>(sO + lr * ST + j * 8 + half * 4) = pk;
   }
   __syncwarp();
-#pragma unroll
-  for (int i = 0; i < 16 * C::kChunks / 32; ++i) {
-    const int idx = lane + i * 32;
-    const int r = idx / C::kChunks, c = idx % C::kChunks;
-    const int grow = m0 + warp * 16 + r;
-    if (grow < sq && c * 8 < p.head_dim)
-      *reinterpret_cast<uint4*>(og + (int64_t)grow * p.o_row_stride + c * 8) =
-          *reinterpret_cast<const uint4*>(sO + r * ST + c * 8);
-  }
+  store_o_rows<C>(p, o_off, sO, m0, warp, sq, lane);
 }
 
 template <class C>
-int launch_fwd_sm70(const FwdParams& p, cudaStream_t stream) {
-  return detail::launch<C>(fwd_kernel_sm70<C>, p, stream);
+int launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  return detail::launch<C>(fwd_kernel<C>, p, stream);
 }
 
 }  // namespace sm70

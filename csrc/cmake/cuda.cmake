@@ -1,6 +1,7 @@
 # sm7x_enable_cuda(): enable CUDA when a CUDA compiler is found, and pick the archs.
 # A macro, not a function: enable_language() must run at file scope of the top-level
-# directory (languages enabled below are not visible to the whole project).
+# directory (languages enabled below are not visible to the whole project). Needs
+# targets.cmake (which CUDA majors can target which arch: cuda_max_major).
 #
 # Sets SM7X_CUDA_ENABLED, SM7X_CUDA_ARCHS (cache: "70;75" style list) and
 # SM7X_CUDA_ARCHITECTURES (CMake form: SASS for every arch, plus PTX for the highest,
@@ -14,18 +15,25 @@ macro(sm7x_enable_cuda)
                    "(set CUDACXX or put nvcc on PATH for the CUDA kernels)")
   else()
     # The default arch list depends on the nvcc version, which CMake only knows after
-    # enable_language; ask nvcc first (CUDA 13 cannot target sm_70).
+    # enable_language; ask nvcc first. Default: every arch of targets.json that this nvcc
+    # still targets (CUDA 13 dropped sm_70: "70;75" with 12.x, "75" with 13).
     execute_process(COMMAND "${CMAKE_CUDA_COMPILER}" --version
                     OUTPUT_VARIABLE _sm7x_nvcc_out ERROR_QUIET)
     string(REGEX MATCH "release ([0-9]+)\\.([0-9]+)" _sm7x_m "${_sm7x_nvcc_out}")
     set(_sm7x_nvcc_major "${CMAKE_MATCH_1}")
-    if(_sm7x_nvcc_major AND _sm7x_nvcc_major GREATER_EQUAL 13)
-      set(_sm7x_default_archs "75")
-    else()
-      set(_sm7x_default_archs "70;75")
-    endif()
+    set(_sm7x_default_archs "")
+    sm7x_target_members(_sm7x_targets archs)
+    foreach(_t IN LISTS _sm7x_targets)
+      sm7x_target_cuda_too_new(_sm7x_why ${_t} "${_sm7x_nvcc_major}")
+      if(NOT _sm7x_why)
+        sm7x_target_number(_sm7x_n ${_t})
+        list(APPEND _sm7x_default_archs ${_sm7x_n})
+      endif()
+    endforeach()
+    list(SORT _sm7x_default_archs COMPARE NATURAL)
+    # Each arch of targets.json listed here also gets its FA2 library (SM7X_BUILD_FA2).
     set(SM7X_CUDA_ARCHS "${_sm7x_default_archs}" CACHE STRING
-        "CUDA archs of the core ops (e.g. 70;75): SASS for each, PTX for the highest")
+        "CUDA archs (e.g. 70;75): SASS for each, PTX for the highest; FA2 libraries for those of targets.json")
     set(_sm7x_archs ${SM7X_CUDA_ARCHS})
     list(REMOVE_DUPLICATES _sm7x_archs)
     list(SORT _sm7x_archs COMPARE NATURAL)
@@ -34,10 +42,15 @@ macro(sm7x_enable_cuda)
         message(FATAL_ERROR "SM7X_CUDA_ARCHS=${SM7X_CUDA_ARCHS}: '${_a}' is not a plain "
                 "compute capability number like 70 or 75")
       endif()
-      if(_a LESS 75 AND _sm7x_nvcc_major GREATER_EQUAL 13)
-        message(FATAL_ERROR "SM7X_CUDA_ARCHS=${SM7X_CUDA_ARCHS}: CUDA ${_sm7x_nvcc_major} "
-                "(${CMAKE_CUDA_COMPILER}) cannot target sm_${_a}; use a CUDA <= 12.x "
-                "toolchain for sm_70, or SM7X_CUDA_ARCHS=75")
+      sm7x_target_of_number(_t ${_a})
+      if(_t)
+        sm7x_target_cuda_too_new(_sm7x_why ${_t} "${_sm7x_nvcc_major}")
+        if(_sm7x_why)
+          message(FATAL_ERROR "SM7X_CUDA_ARCHS=${SM7X_CUDA_ARCHS}: CUDA ${_sm7x_nvcc_major} "
+                  "(${CMAKE_CUDA_COMPILER}) cannot target sm_${_a}; ${_sm7x_why} "
+                  "(python/sm7x/targets.json). Use such a toolchain for sm_${_a}, or leave "
+                  "${_a} out of SM7X_CUDA_ARCHS")
+        endif()
       endif()
     endforeach()
     list(GET _sm7x_archs -1 _sm7x_top)

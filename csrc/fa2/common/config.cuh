@@ -1,0 +1,45 @@
+// What both architectures' kernel configs share: the tile shape and the K/V prefetch
+// schedules. Each arch's FwdConfig (sm75/fwd_kernel.cuh, sm70/fwd_kernel.cuh) derives from
+// TileShape and adds its own shared-memory layout; the values come from
+// python/sm7x/targets.json through the generated instantiation files.
+#pragma once
+
+namespace sm7x {
+namespace fa2 {
+
+// How the next K/V tiles travel global -> registers -> shared memory (there is no
+// cp.async before sm_80):
+//   kNone:   fetched after the GEMMs of the current tile, once every warp is done with it
+//            (no staging registers live across the GEMMs; sm70, head dims whose
+//            accumulators leave no registers to spare).
+//   kBoth:   K_{t+1} and V_{t+1} are both fetched into registers at the top of iteration t
+//            and stored after O += P V_t (2 barriers per tile, two tiles of staging
+//            registers).
+//   kStaged: K_{t+1} is fetched during S = Q K_t^T and the softmax and stored once every
+//            warp is done with K_t; V_{t+1} is then fetched during P V_t and stored once
+//            every warp is done with V_t (sm75: 2 barriers per tile, one tile of staging
+//            registers).
+enum class KvPrefetch { kNone, kBoth, kStaged };
+
+// A CTA computes BR query rows of one (batch, head) with BR / 16 warps (16 rows each),
+// walking K/V in tiles of BC keys. Tiles are fp16 [rows][D + 8] in shared memory: the
+// 16-byte row padding puts the 8 row addresses of a matrix load in distinct banks.
+template <int D, int BR, int BC>
+struct TileShape {
+  static constexpr int kHeadDim = D;
+  static constexpr int kBlockM = BR;
+  static constexpr int kBlockN = BC;
+  static constexpr int kWarps = BR / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kStride = D + 8;  // fp16 tile row stride (halves)
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kQLoads = BR * kChunks / kThreads;     // uint4 per thread, Q tile
+  static constexpr int kTileLoads = BC * kChunks / kThreads;  // uint4 per thread, K/V tile
+  static_assert(D % 16 == 0 && D <= 256, "head dim: a multiple of 16, at most 256");
+  static_assert(BR % 16 == 0 && BC % 16 == 0, "tiles: multiples of 16");
+  static_assert(BR * kChunks % kThreads == 0 && BC * kChunks % kThreads == 0,
+                "tile loads must split evenly over the threads");
+};
+
+}  // namespace fa2
+}  // namespace sm7x

@@ -1,0 +1,68 @@
+// The end of both kernels: 1 / l and the LSE per row, the output and LSE offsets, and
+// the write-out of O. Each warp stages its 16 output rows as fp16 in shared memory (rows
+// of the Q tile that only it read; the staging writes follow each arch's register
+// layout) so that global memory sees whole 128-bit stores.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fa2.h"
+
+namespace sm7x {
+namespace fa2 {
+namespace detail {
+
+// Rows that saw no key (l = 0) write 0 and lse = +inf (flash-attn's convention).
+__device__ __forceinline__ float inv_row_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }
+
+// lse in natural log of the scaled scores (of the capped scores with softcap).
+__device__ __forceinline__ float row_lse(const FwdParams& p, float l, float row_max) {
+  const float scale_nat = p.softcap > 0.f ? 1.f : p.scale;
+  return l > 0.f ? row_max * scale_nat + __logf(l) : INFINITY;
+}
+
+// Element offsets of the first output row (in p.o) and of the LSE row (in p.lse) of
+// (batch b, head h). Offsets, not pointers: added to p.o / p.lse at the stores they keep
+// the base computed once; a pointer from here made the compiler re-add the head offset
+// at every 128-bit store (+37 instructions at sm75 d=256).
+__device__ __forceinline__ void out_offsets(const FwdParams& p, int b, int h, int64_t& o_off,
+                                            int64_t& lse_off) {
+  if (p.cu_seqlens_q != nullptr) {
+    const int qs = p.cu_seqlens_q[b];
+    o_off = (int64_t)qs * p.o_row_stride;
+    lse_off = qs;
+  } else {
+    o_off = (int64_t)b * p.o_batch_stride;
+    lse_off = (int64_t)b * p.lse_batch_stride;
+  }
+  o_off += (int64_t)h * p.o_head_stride;
+  lse_off += (int64_t)h * p.lse_head_stride;
+}
+
+// The 16 rows of warp `warp`, staged fp16 [16][C::kStride] at sO, to the output rows
+// m0 + 16 warp + 0..15 (o_off: out_offsets): 128-bit stores; rows past sq and chunks past
+// the real head dim are skipped.
+template <class C>
+__device__ __forceinline__ void store_o_rows(const FwdParams& p, int64_t o_off, const __half* sO,
+                                             int m0, int warp, int sq, int lane) {
+  // Read up front: a load inside the && below is conditional and made the second test a
+  // branch of its own (4 more BRA at d=96).
+  const int head_dim = p.head_dim;
+  __half* const o = static_cast<__half*>(p.o);
+#pragma unroll
+  for (int i = 0; i < 16 * C::kChunks / 32; ++i) {
+    const int idx = lane + i * 32;
+    const int r = idx / C::kChunks, c = idx % C::kChunks;
+    const int grow = m0 + warp * 16 + r;
+    if (grow < sq && c * 8 < head_dim)
+      *reinterpret_cast<uint4*>(o + o_off + (int64_t)grow * p.o_row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(sO + r * C::kStride + c * 8);
+  }
+}
+
+}  // namespace detail
+}  // namespace fa2
+}  // namespace sm7x

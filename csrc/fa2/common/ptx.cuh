@@ -1,0 +1,61 @@
+// Inline-PTX wrappers of the FA2 kernels.
+//
+// fast_exp2, pack_half2 and smem_addr are valid on every arch. ldmatrix and
+// mma.m16n8k8 exist from sm_75 on (Volta has neither): they are declared only for the
+// host pass and device passes of sm_75 and newer, so calling them from sm_70 code fails
+// at compile time instead of in ptxas.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace sm7x {
+namespace fa2 {
+namespace detail {
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 750
+// ---- sm_75 and newer only
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d (16x8 fp32) += a (16x8 fp16, row) * b (8x8 fp16, col)
+__device__ __forceinline__ void mma_m16n8k8(float (&d)[4], uint32_t a0, uint32_t a1,
+                                             uint32_t b0) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+
+#endif  // sm_75 and newer only
+
+}  // namespace detail
+}  // namespace fa2
+}  // namespace sm7x

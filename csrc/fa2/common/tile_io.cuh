@@ -1,0 +1,61 @@
+// Tile copies global -> registers -> shared memory with 128-bit accesses (no cp.async
+// before sm_80: the registers let a load stay in flight across the GEMMs of the previous
+// tile, see KvPrefetch). C is a TileShape (common/config.cuh).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace sm7x {
+namespace fa2 {
+namespace detail {
+
+// Row and 16-byte chunk of the i-th uint4 of thread tid in a tile copy: idx / kChunks and
+// idx % kChunks of idx = tid + i * kThreads. When the threads cover whole rows the chunk
+// does not depend on i, which written out lets the compiler keep one address per thread
+// and tile (constant row offsets) instead of one per i.
+template <class C>
+__device__ __forceinline__ void tile_coord(int i, int tid, int& row, int& c) {
+  if constexpr (C::kThreads % C::kChunks == 0) {
+    const unsigned t = static_cast<unsigned>(tid);  // tid >= 0: same values as below
+    row = static_cast<int>(t / C::kChunks) + i * (C::kThreads / C::kChunks);
+    c = static_cast<int>(t % C::kChunks);
+  } else {
+    const int idx = tid + i * C::kThreads;
+    row = idx / C::kChunks;
+    c = idx % C::kChunks;
+  }
+}
+
+// rows [n0, n0 + ROWS) x all chunks of a [rows][D] fp16 tile into registers; rows >= n
+// and chunks past the real head dim read as zeros.
+template <class C, int LOADS>
+__device__ __forceinline__ void load_tile(uint4 (&r)[LOADS], const __half* g,
+                                          int64_t row_stride, int n0, int n, int head_dim,
+                                          int tid) {
+#pragma unroll
+  for (int i = 0; i < LOADS; ++i) {
+    int row, c;
+    tile_coord<C>(i, tid, row, c);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (n0 + row < n && c * 8 < head_dim)
+      v = __ldg(reinterpret_cast<const uint4*>(g + (int64_t)(n0 + row) * row_stride + c * 8));
+    r[i] = v;
+  }
+}
+
+template <class C, int LOADS>
+__device__ __forceinline__ void store_tile(__half* s, const uint4 (&r)[LOADS], int tid) {
+#pragma unroll
+  for (int i = 0; i < LOADS; ++i) {
+    int row, c;
+    tile_coord<C>(i, tid, row, c);
+    *reinterpret_cast<uint4*>(s + row * C::kStride + c * 8) = r[i];
+  }
+}
+
+}  // namespace detail
+}  // namespace fa2
+}  // namespace sm7x

@@ -1,0 +1,50 @@
+// Head-dim dispatch of the FA2 forward: a head dim runs on the kernel of the smallest
+// compiled head dim >= it (loads past the real head dim read zeros, stores skip those
+// columns). The list comes from the generated compiled_head_dims.h; its rules are checked
+// here, at compile time.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <iterator>
+
+#include "fa2.h"
+
+namespace sm7x {
+namespace fa2 {
+namespace {
+
+constexpr std::size_t kNumHeadDims = std::size(kCompiledHeadDims);
+
+constexpr bool ascending() {
+  for (std::size_t i = 1; i < kNumHeadDims; ++i)
+    if (kCompiledHeadDims[i - 1] >= kCompiledHeadDims[i]) return false;
+  return true;
+}
+static_assert(ascending(), "targets.json: head dims of an arch must be distinct");
+static_assert(kCompiledHeadDims[kNumHeadDims - 1] >= kMaxHeadDim,
+              "targets.json: fa2.max_head_dim is larger than the largest compiled head dim");
+static_assert(kHeadDimMultiple > 0 && kHeadDimMultiple % 8 == 0,
+              "targets.json: fa2.head_dim_multiple must be a multiple of 8 (the kernels move "
+              "rows in 16-byte chunks of 8 halves)");
+
+// The first compiled head dim >= head_dim, from index I on (the list ascends).
+template <std::size_t I = 0>
+int fwd_from(const FwdParams& p, cudaStream_t stream) {
+  if constexpr (I == kNumHeadDims) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  } else {
+    if (p.head_dim <= kCompiledHeadDims[I]) return run_fwd<kCompiledHeadDims[I]>(p, stream);
+    return fwd_from<I + 1>(p, stream);
+  }
+}
+
+}  // namespace
+
+int fwd(const FwdParams& p, cudaStream_t stream) { return fwd_from(p, stream); }
+
+const char* cuda_error_string(int err) {
+  return cudaGetErrorString(static_cast<cudaError_t>(err));
+}
+
+}  // namespace fa2
+}  // namespace sm7x

@@ -1,0 +1,273 @@
+// FlashAttention-2 forward kernel for Turing (sm_75). Included only by the generated
+// per-head-dim instantiation files (csrc/fa2/fwd_instance.cu.in); no torch header.
+//
+// One CTA computes BR query rows of one (batch, head): BR / 16 warps, each owning 16
+// rows (one m16 slice). Per key tile of BC keys:
+//   S = Q K^T       mma.sync m16n8k8 (fp16 in, fp32 accumulate), A from Q and B from K
+//                   via ldmatrix (K rows are the B "col" layout as stored)
+//   online softmax  fp32 (common/softmax.cuh); a quad of lanes holds a pair of rows
+//   O += P V        P stays in registers: the accumulator of an n8 tile of S is, packed
+//                   to fp16, exactly the A fragment of an m16n8k8 with k = those 8 keys
+//                   (two chained k8 MMAs = the m16n8k16 A layout); V through
+//                   ldmatrix.trans.
+// Turing has no cp.async: the next tiles are fetched with 128-bit global loads into
+// registers, issued before the GEMMs of the current tile, and stored to shared memory
+// after them (KvPrefetch::kBoth or kStaged, common/config.cuh).
+// Shared memory: Q [BR][D+8], K [BC][D+8], V [BC][D+8] fp16 (with Q_IN_REGS, K and V
+// reuse the Q tile's space).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/bounds.cuh"
+#include "common/config.cuh"
+#include "common/epilogue.cuh"
+#include "common/launch.cuh"
+#include "common/mask.cuh"
+#include "common/ptx.cuh"
+#include "common/softmax.cuh"
+#include "common/tile_io.cuh"
+#include "fa2.h"
+
+namespace sm7x {
+namespace fa2 {
+namespace sm75 {
+
+// Q_IN_REGS: each warp keeps its Q fragments (D / 16 x 4 registers) for the whole key
+// loop instead of re-reading them from shared memory per tile; the Q tile is then only
+// staged in shared memory, which the K/V tiles reuse (smem = max(Q, K + V) tiles).
+template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS>
+struct FwdConfig : TileShape<D, BR, BC> {
+  using Shape = TileShape<D, BR, BC>;
+  static constexpr KvPrefetch kPrefetch = PREFETCH;
+  static constexpr bool kQInRegs = Q_IN_REGS;
+  static constexpr bool kPrefetchBoth = PREFETCH == KvPrefetch::kBoth;
+  static constexpr int kSmemBytes =
+      (Q_IN_REGS ? (BR > 2 * BC ? BR : 2 * BC) : BR + 2 * BC) * Shape::kStride * 2;
+  static_assert(PREFETCH == KvPrefetch::kBoth || PREFETCH == KvPrefetch::kStaged,
+                "sm75 kernel: prefetch kBoth or kStaged");
+};
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
+  using namespace detail;
+  constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
+  constexpr int NT = BC / 8;  // n8 tiles of S per warp
+  constexpr int DT = D / 8;   // n8 tiles of O per warp
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* sQ = reinterpret_cast<__half*>(smem_raw);
+  __half* sK = C::kQInRegs ? sQ : sQ + BR * ST;  // kQInRegs: K/V reuse the Q staging
+  __half* sV = sK + BC * ST;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tig = lane & 3;
+  const int h = blockIdx.y, b = blockIdx.z;
+  // Last m-block first: with causal masking it has the most key tiles (less tail).
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * BR;
+
+  const Sequence seq = sequence(p, b);
+  const int sq = seq.sq, sk = seq.sk;
+  if (m0 >= sq) return;
+  int64_t q_off, k_off, v_off;
+  head_offsets(p, seq, h, q_off, k_off, v_off);
+  const __half* qg = static_cast<const __half*>(p.q) + q_off;
+  const __half* kg = static_cast<const __half*>(p.k) + k_off;
+  const __half* vg = static_cast<const __half*>(p.v) + v_off;
+  const KeyTiles tiles = key_tiles<BR, BC>(p, m0, sq, sk);
+  const int off = tiles.off, last_row = tiles.last_row, t_lo = tiles.t_lo, t_hi = tiles.t_hi;
+  const SoftmaxScale sc = softmax_scale(p);
+
+  // Q tile -> smem (once).
+  {
+    uint4 qr[C::kQLoads];
+    load_tile<C>(qr, qg, p.q_row_stride, m0, sq, p.head_dim, tid);
+    store_tile<C>(sQ, qr, tid);
+  }
+  const __half* q_frag_base =
+      sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
+  if constexpr (C::kQInRegs) {
+    __syncthreads();  // Q tile stored
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[kk], q_frag_base + kk * 16);
+    __syncthreads();  // every warp holds its Q fragments: sQ is free for K and V
+  }
+
+  float o[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  const int r0 = m0 + warp * 16 + g;  // rows of this thread: r0 and r0 + 8
+
+  uint4 stage[C::kTileLoads];
+  uint4 stage_v[C::kPrefetchBoth ? C::kTileLoads : 1];
+  if (t_lo < t_hi) {
+    load_tile<C>(stage, kg, p.k_row_stride, t_lo * BC, sk, p.head_dim, tid);
+    store_tile<C>(sK, stage, tid);
+    load_tile<C>(stage, vg, p.v_row_stride, t_lo * BC, sk, p.head_dim, tid);
+    store_tile<C>(sV, stage, tid);
+  }
+  __syncthreads();
+
+  const __half* k_frag_base = sK + ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
+  const __half* v_frag_base = sV + ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+
+  for (int t = t_lo; t < t_hi; ++t) {
+    const int n0 = t * BC;
+    if constexpr (C::kPrefetchBoth) {
+      if (t + 1 < t_hi) {  // K_{t+1}, V_{t+1} in flight during this whole iteration
+        load_tile<C>(stage, kg, p.k_row_stride, n0 + BC, sk, p.head_dim, tid);
+        load_tile<C>(stage_v, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
+      }
+    } else {  // kStaged
+      if (t + 1 < t_hi)  // K_{t+1} in flight during S = Q K_t^T and the softmax
+        load_tile<C>(stage, kg, p.k_row_stride, n0 + BC, sk, p.head_dim, tid);
+    }
+    // ---- S = Q K^T
+    float s[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      if constexpr (C::kQInRegs) {
+        a[0] = qa[kk][0];
+        a[1] = qa[kk][1];
+        a[2] = qa[kk][2];
+        a[3] = qa[kk][3];
+      } else {
+        ldmatrix_x4(a, q_frag_base + kk * 16);
+      }
+#pragma unroll
+      for (int nn = 0; nn < BC / 16; ++nn) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, k_frag_base + nn * 16 * ST + kk * 16);
+        mma_m16n8k8(s[2 * nn], a[0], a[1], bk[0]);
+        mma_m16n8k8(s[2 * nn], a[2], a[3], bk[1]);
+        mma_m16n8k8(s[2 * nn + 1], a[0], a[1], bk[2]);
+        mma_m16n8k8(s[2 * nn + 1], a[2], a[3], bk[3]);
+      }
+    }
+    // ---- softcap, masking, online softmax (fp32)
+    softcap_scores(s, p, sc.cap_in);
+    if (SM7X_FA2_TILE_NEEDS_MASK(p, BC, n0, m0, last_row, sk, off)) {
+      const int left = p.window_left, right = p.window_right;
+#pragma unroll
+      for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // element e of n8 tile i: row + (e >> 1) * 8, key + (e & 1)
+          const int col = n0 + i * 8 + tig * 2 + (e & 1);
+          if (!key_visible(col, r0 + (e >> 1) * 8, sk, off, left, right)) s[i][e] = -INFINITY;
+        }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {  // rows r0 (hr = 0) and r0 + 8 (hr = 1)
+      float mx = row_max[hr];
+#pragma unroll
+      for (int i = 0; i < NT; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * hr], s[i][2 * hr + 1]));
+      mx = row_allreduce_max<4>(mx);
+      float bias;
+      alpha[hr] = online_rescale(row_max[hr], mx, sc.sl2, bias);
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        s[i][2 * hr] = exp2_scaled(s[i][2 * hr], sc.sl2, bias);
+        s[i][2 * hr + 1] = exp2_scaled(s[i][2 * hr + 1], sc.sl2, bias);
+        sum += s[i][2 * hr] + s[i][2 * hr + 1];
+      }
+      row_sum[hr] = row_sum[hr] * alpha[hr] + sum;  // per-thread partial, reduced at the end
+    }
+    // O *= alpha only when some row of the warp saw a new max (alpha != 1): once the
+    // maxima settle most tiles skip the D / 2 multiplies (same result: x * 1 == x).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        o[i][0] *= alpha[0];
+        o[i][1] *= alpha[0];
+        o[i][2] *= alpha[1];
+        o[i][3] *= alpha[1];
+      }
+    }
+    // P as fp16 A fragments: tile i covers keys n0 + 8i .. 8i + 7.
+    uint32_t pa[NT][2];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      pa[i][0] = pack_half2(s[i][0], s[i][1]);
+      pa[i][1] = pack_half2(s[i][2], s[i][3]);
+    }
+    if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
+      __syncthreads();  // every warp is done with sK (K_t)
+      if (t + 1 < t_hi) {
+        store_tile<C>(sK, stage, tid);  // K_{t+1}: read after the barrier below
+        load_tile<C>(stage, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
+      }
+    }
+    // ---- O += P V (K_{t+1} or V_{t+1} loads in flight)
+#pragma unroll
+    for (int kt = 0; kt < BC / 16; ++kt) {
+#pragma unroll
+      for (int dn = 0; dn < D / 16; ++dn) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, v_frag_base + kt * 16 * ST + dn * 16);
+        mma_m16n8k8(o[2 * dn], pa[2 * kt][0], pa[2 * kt][1], bv[0]);
+        mma_m16n8k8(o[2 * dn], pa[2 * kt + 1][0], pa[2 * kt + 1][1], bv[1]);
+        mma_m16n8k8(o[2 * dn + 1], pa[2 * kt][0], pa[2 * kt][1], bv[2]);
+        mma_m16n8k8(o[2 * dn + 1], pa[2 * kt + 1][0], pa[2 * kt + 1][1], bv[3]);
+      }
+    }
+    if (t + 1 < t_hi) {
+      if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
+        __syncthreads();  // every warp is done with sV (V_t)
+        store_tile<C>(sV, stage, tid);  // V_{t+1}: read after the next iteration's first barrier
+      } else {
+        __syncthreads();  // every warp is done with sK and sV
+        store_tile<C>(sK, stage, tid);
+        store_tile<C>(sV, stage_v, tid);
+        __syncthreads();
+      }
+    }
+  }
+
+  // ---- epilogue: O / l, LSE; O staged through this warp's own rows of sQ
+  int64_t o_off, lse_off;
+  out_offsets(p, b, h, o_off, lse_off);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const float l = row_allreduce_sum<4>(row_sum[hr]);
+    const float inv = inv_row_sum(l);
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      o[i][2 * hr] *= inv;
+      o[i][2 * hr + 1] *= inv;
+    }
+    const int row = r0 + hr * 8;
+    if (tig == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max[hr]);
+  }
+  if constexpr (C::kQInRegs)
+    __syncthreads();  // sO overlaps sK / sV, which other warps may still read
+  else
+    __syncwarp();
+  __half* sO = sQ + warp * 16 * ST;
+#pragma unroll
+  for (int i = 0; i < DT; ++i) {
+    *reinterpret_cast<uint32_t*>(sO + g * ST + i * 8 + tig * 2) = pack_half2(o[i][0], o[i][1]);
+    *reinterpret_cast<uint32_t*>(sO + (g + 8) * ST + i * 8 + tig * 2) =
+        pack_half2(o[i][2], o[i][3]);
+  }
+  __syncwarp();
+  store_o_rows<C>(p, o_off, sO, m0, warp, sq, lane);
+}
+
+template <class C>
+int launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  return detail::launch<C>(fwd_kernel<C>, p, stream);
+}
+
+}  // namespace sm75
+}  // namespace fa2
+}  // namespace sm7x
