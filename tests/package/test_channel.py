@@ -7,9 +7,10 @@ import json
 import subprocess
 
 import pytest
+import yaml
 from pkgtest import CHANNEL, CHANNELS, run
 
-from sm7x_tools import envs
+from sm7x_tools import REPO, envs
 from sm7x_tools.channel import SUBDIRS, records
 
 pytestmark = pytest.mark.package
@@ -72,3 +73,6 @@ def test_install_and_use(tmp_path, python):
     assert {"sm7x", "sm7x-ext"} <= names
     # the distribution patch is applied in the packaged sources
     assert run(env, "-c", "import sm7x._install_hints as h; print(h.PACKAGED_BY)").strip() == "conda"
+    # the version the recipe says, and an import that pulls in neither torch nor native code
+    version = yaml.safe_load((REPO / "recipe" / "recipe.yaml").read_text())["context"]["version"]
+    assert run(env, "-c", "import sys, sm7x; assert 'torch' not in sys.modules; print(sm7x.__version__)").strip() == version
