@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fail the package build when a pybind11 module is not named with the host Python's
-# SOABI (a module declared limited-API gets .abi3.so, which it is not: shared seed 000).
+# SOABI (a module declared limited-API gets .abi3.so, which it is not).
 set -euo pipefail
 suffix=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 found=0

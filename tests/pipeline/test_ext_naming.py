@@ -1,5 +1,5 @@
 """pybind11 modules are named with the SOABI of their Python, never .abi3.so, in wheel
-and editable installs (shared seed 000: a module declared limited-API made setuptools
+and editable installs (a module declared limited-API made setuptools
 expect <name>.abi3.so that CMake never wrote, and editable installs broke)."""
 
 from __future__ import annotations

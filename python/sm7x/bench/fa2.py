@@ -7,7 +7,8 @@ so it is the baseline a user of these GPUs has. fp16, ``--tokens`` tokens per ba
 (batch = tokens // seqlen), every seqlen x head dim x causal; TFLOP/s counts
 4 * b * h * sq * sk * d, halved for causal. On a GPU other than the arch's own the
 library is forced (``SM7X_FA2_FORCE``) and runs its PTX: only correctness and relative
-speed of the sm75 family mean something there (DESIGN.md, "The GPU").
+speed of the sm75 family mean something there (sm70's mma.m8n8k4 is emulated on
+newer GPUs, so no Volta speed can be read off them).
 """
 
 from __future__ import annotations

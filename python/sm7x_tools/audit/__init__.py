@@ -10,7 +10,8 @@ Per shared object it reports
 - the abi3 verdict of ``*.abi3.so`` files: abi3audit when installed; a file that uses no
   Python API at all (sm7x's torch libraries) needs no list;
 - whether the file name matches the file: PyInit_<name> vs the name, pybind11 and other
-  non-limited-API modules SOABI-named, never ``.abi3.so`` (shared seed 000).
+  non-limited-API modules SOABI-named, never ``.abi3.so`` (a module declared limited-API
+  was once shipped as .abi3.so and failed to import).
 
 Needs pyelftools (the recipe has it offline); abi3audit for the abi3 check of modules
 that use the Python C API. Never imports torch.

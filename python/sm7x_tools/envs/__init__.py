@@ -42,7 +42,7 @@ RATTLER_ERRORS = tuple(v for v in vars(rattler.exceptions).values() if isinstanc
 
 def exit_now(code: int) -> None:
     """Leave a command that used py-rattler: its runtime can abort while the interpreter
-    shuts down right after a solve (DESIGN.md), so flush and skip the finalizers."""
+    shuts down right after a solve (seen with py-rattler 0.28), so flush and skip the finalizers."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
