@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 set -euo pipefail
 if [[ ! -x "$SRC/bin/python$SHORT" ]]; then
-  echo "error: no CPython at $SRC (expected $SRC/bin/python$SHORT); install it with pyenv or remove it from recipe/bootstrap/python/variants.yaml" >&2
+  echo "error: no CPython at $SRC (expected $SRC/bin/python$SHORT); install it with pyenv or remove it from python/sm7x_tools/bootstrap/recipes/python/variants.yaml" >&2
   exit 1
 fi
 mkdir -p "$PREFIX"
