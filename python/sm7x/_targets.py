@@ -29,6 +29,21 @@ def capability(arch: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def arch_number(arch: str) -> str:
+    """"70" for "sm70": the form variant files (sm7x_cuda_archs) and CMake use."""
+    return load()["archs"][arch]["capability"].replace(".", "")
+
+
+def family(arch: str) -> str:
+    """The GPU family, e.g. "Volta (V100, Titan V)"."""
+    return load()["archs"][arch]["family"]
+
+
+def cuda_max_major(arch: str) -> int | None:
+    """The last CUDA major that still compiles ``arch`` (None: no limit known)."""
+    return load()["archs"][arch]["cuda_max_major"]
+
+
 def selector_build(arch: str) -> int:
     """Build number of the sm7x-fa2 selector build that installs only ``arch``."""
     return int(load()["archs"][arch]["selector_build"])

@@ -32,10 +32,6 @@ def test_version_is_the_recipes():
     assert sm7x.__version__ == recipe_version()
 
 
-def cuda_arch_digits(arch: str) -> str:
-    return _targets.load()["archs"][arch]["capability"].replace(".", "")
-
-
 @pytest.fixture(scope="module")
 def rendered():
     rattler_build = pytest.importorskip("rattler_build")
@@ -57,7 +53,7 @@ def test_recipe_agrees_with_targets(rendered, variant_set):
     arch_lists = {v["sm7x_cuda_archs"] for _, v in outputs if "sm7x_cuda_archs" in v}
     assert len(arch_lists) == 1, arch_lists
     in_variant = set(arch_lists.pop().split(";"))
-    built = tuple(a for a in _targets.archs() if cuda_arch_digits(a) in in_variant)
+    built = tuple(a for a in _targets.archs() if _targets.arch_number(a) in in_variant)
     assert built, f"{variant_set}: the variant builds no arch sm7x knows"
     oldest = _targets.load()["archs"][built[0]]["capability"]
 
@@ -99,6 +95,8 @@ def test_targets_are_consistent():
         hits = [a for a in archs if _select._satisfies(cap, _targets.selector_cuda_arch(a))]
         assert len(hits) == 1, (cap, hits)
     assert not any(_select._satisfies((6, 1), _targets.selector_cuda_arch(a)) for a in archs)
+    # sm7x.fa2.COMPILED_HEAD_DIMS is one list: both libraries must compile the same dims
+    assert len({_targets.fa2_head_dims(a) for a in archs}) == 1
     for arch in archs:
         dims = _targets.fa2_head_dims(arch)
         assert dims and max(dims) == t["fa2"]["max_head_dim"]

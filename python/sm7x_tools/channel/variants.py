@@ -1,43 +1,32 @@
 """Checks on variant files before anything is built (a typo should not cost a build).
 
 The arch facts (which archs sm7x builds, the last CUDA major that compiles each, the
-sm7x-fa2 selector builds) are read from python/sm7x/targets.json, where they are written
-once; the file is read by path (the tools venv has no sm7x installed).
+sm7x-fa2 selector builds) come from python/sm7x/targets.json, where they are written once,
+through the runtime's reader sm7x._targets (the tools run with python/ on sys.path).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
+from sm7x import _targets
 
 from .. import REPO
 from ..bootstrap import RECIPES as BOOTSTRAP_RECIPES
 from . import BuildFailed
 
 VARIANTS = REPO / "variants"
-TARGETS = REPO / "python" / "sm7x" / "targets.json"
 BOOTSTRAP_PYTHONS = BOOTSTRAP_RECIPES / "python" / "variants.yaml"
 KNOWN_KEYS = {"python", "python_min", "c_compiler", "c_compiler_version", "cxx_compiler",
               "cxx_compiler_version", "cuda_compiler", "cuda_compiler_version", "sm7x_cuda_archs",
               "sm7x_fa2_select",
               "target_platform", "zip_keys"}
 DEFAULT = VARIANTS / "default.yaml"
-
-
-def _archs() -> dict[str, dict]:
-    """{"70": {...}, "75": {...}}: targets.json's archs by the number sm7x_cuda_archs uses."""
-    with open(TARGETS, encoding="utf-8") as f:
-        archs = json.load(f)["archs"]
-    return {name.removeprefix("sm"): facts for name, facts in archs.items()}
-
-
-ARCHS = _archs()
-SUPPORTED_ARCHS = tuple(sorted(ARCHS))
-# the last CUDA major that can still compile each arch (None: no limit known)
-CUDA_MAX_MAJOR = {arch: facts["cuda_max_major"] for arch, facts in ARCHS.items()}
-SELECTOR_BUILDS = (*(f"sm{arch}" for arch in SUPPORTED_ARCHS), "all")  # the sm7x-fa2 output of recipe.yaml
+# "70" -> "sm70": sm7x_cuda_archs names archs by number, targets.json by library name
+ARCHS = {_targets.arch_number(a): a for a in _targets.archs()}
+SUPPORTED_ARCHS = tuple(ARCHS)
+SELECTOR_BUILDS = (*_targets.archs(), "all")  # the sm7x-fa2 output of recipe.yaml
 
 
 def resolve(names: list[str]) -> list[Path]:
@@ -109,11 +98,11 @@ def _check_cuda(merged: dict) -> None:
                 raise BuildFailed(f"sm7x_cuda_archs entry {arch_list!r}: archs are numbers like 70;75")
             if arch not in SUPPORTED_ARCHS:
                 # the recipe's skip conditions and __cuda_arch constraints know these only
-                families = ", ".join(ARCHS[a]["family"].split()[0] for a in SUPPORTED_ARCHS)
+                families = ", ".join(_targets.family(a).split()[0] for a in ARCHS.values())
                 raise BuildFailed(f"sm7x_cuda_archs entry {arch_list!r}: sm7x builds for "
-                                  f"{' and '.join(SUPPORTED_ARCHS)} ({families}; {TARGETS.relative_to(REPO)}), "
-                                  f"not {arch}")
-            limit = CUDA_MAX_MAJOR[arch]
+                                  f"{' and '.join(SUPPORTED_ARCHS)} ({families}; "
+                                  f"{_targets.PATH.relative_to(REPO)}), not {arch}")
+            limit = _targets.cuda_max_major(ARCHS[arch])
             if limit is not None and int(version.split(".")[0]) > limit:
                 raise BuildFailed(
                     f"sm_{arch} cannot be compiled by CUDA {version} (CUDA {limit + 1} dropped it); "
