@@ -304,7 +304,11 @@ def selector_pick(cuda_arch: str | None, built_archs: Iterable[str] = ARCHS) -> 
     built_archs: the FA2 libraries the channel's variant builds (default: all). A solver
     takes the highest build number whose dependencies hold.
     """
-    built = tuple(a for a in ARCHS if a in set(built_archs))
+    wanted = set(built_archs)
+    built = tuple(a for a in ARCHS if a in wanted)
+    if not built:
+        raise ValueError(f"built_archs {sorted(wanted)!r} names no FA2 arch; valid values: "
+                         f"{', '.join(ARCHS)}")
     oldest = "%d.%d" % _targets.capability(built[0])
     fallback_build = _targets.fallback_build(every_arch=built == ARCHS)
     everything = tuple(package_name(a) for a in built)

@@ -308,6 +308,12 @@ def test_selector_pick_for_single_arch_channels(built, arch, variant):
     assert selector_pick(arch, built).variant == variant
 
 
+@pytest.mark.parametrize("built", [[], ["sm80"]])
+def test_selector_pick_without_a_known_arch_says_so(built):
+    with pytest.raises(ValueError, match="names no FA2 arch; valid values: sm70, sm75"):
+        selector_pick("7.5", built)
+
+
 def test_node_cuda_arch_override():
     assert node_cuda_arch([V100], environ={"CONDA_OVERRIDE_CUDA_ARCH": "7.5"})[0] == "7.5"
     assert node_cuda_arch([V100], environ={"CONDA_OVERRIDE_CUDA_ARCH": " "})[0] is None
