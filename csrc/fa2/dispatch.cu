@@ -38,9 +38,40 @@ int fwd_from(const FwdParams& p, cudaStream_t stream) {
   }
 }
 
+template <std::size_t I = 0>
+int serving_from(const FwdParams& p, bool wide, cudaStream_t stream) {
+  if constexpr (I == kNumHeadDims) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  } else {
+    if (p.head_dim <= kCompiledHeadDims[I])
+      return wide ? run_serving_wide<kCompiledHeadDims[I]>(p, stream)
+                  : run_serving<kCompiledHeadDims[I]>(p, stream);
+    return serving_from<I + 1>(p, wide, stream);
+  }
+}
+
+template <std::size_t I = 0>
+int occupancy_from(int head_dim, bool wide) {
+  if constexpr (I == kNumHeadDims) {
+    return 0;
+  } else {
+    if (head_dim <= kCompiledHeadDims[I])
+      return wide ? occupancy_serving_wide<kCompiledHeadDims[I]>()
+                  : occupancy_serving<kCompiledHeadDims[I]>();
+    return occupancy_from<I + 1>(head_dim, wide);
+  }
+}
+
 }  // namespace
 
+int serving_ctas_per_sm(int head_dim, bool wide) { return occupancy_from(head_dim, wide); }
+
 int fwd(const FwdParams& p, cudaStream_t stream) { return fwd_from(p, stream); }
+
+int serving(const FwdParams& p, cudaStream_t stream) {
+  if (const int e = serving_from(p, p.seqlen_q * p.group > kServingWideRows, stream)) return e;
+  return p.o_accum != nullptr ? run_combine(p, stream) : 0;
+}
 
 const char* cuda_error_string(int err) {
   return cudaGetErrorString(static_cast<cudaError_t>(err));

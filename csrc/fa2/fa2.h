@@ -39,12 +39,71 @@ struct FwdParams {
   float scale;             // softmax scale
   float softcap;           // 0: off; else s = softcap * tanh(s * scale / softcap)
   int window_left, window_right;  // -1: unbounded; causal is window_right = 0
+
+  // ---- Serving (run_serving only; zero for the prefill kernels). Query heads of one GQA
+  // group are packed into the rows: packed row r of sequence b is query token r / group of
+  // head hk * group + r % group, so one CTA of kv head hk reads each K/V tile once for its
+  // whole group. Keys come from a cache:
+  //   paged (block_table != null): k is [num_pages, page_size, kv_heads, D]; key j of
+  //     sequence b is row j & (page_size - 1) of page block_table[b * bt_stride + j >>
+  //     page_shift] (entries outside [0, num_pages) are clamped: never read out of bounds;
+  //     the op rejects them before the launch where it can);
+  //   contiguous: k is [batch_cache, S, kv_heads, D]: row cache_batch_idx[b] (or b), keys
+  //     from k_start[b] (or 0).
+  // Keys of sequence b: [k_start, seqused_k[b] + seqused_add), clamped to kv_capacity.
+  int group;
+  int total_q;               // rows of a packed q (cu_seqlens_q entries are clamped to it)
+  const int32_t* seqused_k;  // [batch]; null: cu_seqlens_k or seqlen_k as in prefill
+  int seqused_add;           // added to seqused_k[b] (with_kvcache: the appended tokens)
+  int kv_capacity;           // keys a sequence can hold (max_blocks * page_size, or S)
+  const int32_t* block_table;
+  int64_t bt_stride;
+  int page_shift, num_pages;
+  const int32_t* cache_batch_idx;
+  const int32_t* k_start;
+  // Split-KV (sm7x._sched.split_kv_plan): the grid's z runs over partitions [P, 3] = (seq,
+  // kv_start, kv_end); split_offsets [batch + 1] gives each sequence's partitions. A
+  // sequence with one partition writes o / lse directly; one with more writes fp32
+  // partials o_accum [P, kv_heads, accum_rows, D] and lse_accum [P, kv_heads, accum_rows]
+  // (accum_rows = max_seqlen_q * group) that run_combine merges. Split boundaries are best multiples of
+  // the kernel's block_n (others are masked, not wrong).
+  const int32_t* partitions;
+  const int32_t* split_offsets;
+  int num_partitions;
+  float* o_accum;
+  float* lse_accum;
+  int accum_rows;
 };
 
 // Launches on `stream` (current device); returns a cudaError_t as int (0 = success).
 // One specialization per entry of kCompiledHeadDims (generated fwd_hdim*.cu).
 template <int kHeadDim>
 int run_fwd(const FwdParams& p, cudaStream_t stream);
+
+// The serving kernel of head dim kHeadDim (paged / contiguous cache, packed GQA, split-KV),
+// then, when some sequence has several partitions, the combine kernel.
+template <int kHeadDim>
+int run_serving(const FwdParams& p, cudaStream_t stream);
+template <int kHeadDim>  // the prefill tiles: more than kServingWideRows rows
+int run_serving_wide(const FwdParams& p, cudaStream_t stream);
+int serving(const FwdParams& p, cudaStream_t stream);
+// Resident CTAs per SM of each instantiation on the current device (0 on error): the
+// split planner's CTA slots are SMs x this.
+template <int kHeadDim>
+int occupancy_serving();
+template <int kHeadDim>
+int occupancy_serving_wide();
+int serving_ctas_per_sm(int head_dim, bool wide);
+// Merges the split partials of the sequences with several partitions (serving.cu).
+int run_combine(const FwdParams& p, cudaStream_t stream);
+
+// Host-side input check of the serving call (serving.cu): block_table entries of the
+// pages a sequence uses inside [0, num_pages), key counts within kv_capacity. Runs a small
+// kernel and copies 4 ints back (a sync); skipped (returns 0, *checked = false) while the
+// stream is capturing a CUDA graph, where the kernels' clamping still keeps every read in
+// bounds. On a violation returns 0 and fills *bad: {kind (1 = page, 2 = length), seq,
+// index, value}.
+int validate_serving(const FwdParams& p, cudaStream_t stream, bool* checked, int bad[4]);
 
 // run_fwd of the smallest compiled head dim >= p.head_dim (dispatch.cu);
 // cudaErrorInvalidValue when p.head_dim is larger than all of them.

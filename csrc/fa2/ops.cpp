@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -152,14 +153,19 @@ void check_options(const char* op, double scale, int64_t wl, int64_t wr, double 
             "softcap must be a finite number >= 0 (0 = off), got ", softcap);
 }
 
-void launch(const char* op, const Tensor& q, const FwdParams& p) {
-  torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
+// torch's current stream on q's device (the caller holds a DeviceGuard for it).
+cudaStream_t current_stream(const char* op, const Tensor& q) {
   void* s = nullptr;
   FA2_CHECK(sm7x::core::current_cuda_stream(q.get_device_index(), &s), op,
             "cannot get torch's current CUDA stream (aoti_torch_get_current_cuda_stream was "
             "not found in the loaded libtorch_cuda.so or failed); sm7x needs a CUDA build of "
             "torch >= 2.10");
-  const int err = sm7x::fa2::fwd(p, static_cast<cudaStream_t>(s));
+  return static_cast<cudaStream_t>(s);
+}
+
+void launch(const char* op, const Tensor& q, const FwdParams& p) {
+  torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
+  const int err = sm7x::fa2::fwd(p, current_stream(op, q));
   FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
 }
 
@@ -264,6 +270,245 @@ void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor 
   launch(op, q, p);
 }
 
+
+// ---- Serving: q against a paged or contiguous KV cache, packed GQA rows, split-KV.
+
+void check_index(const char* op, const char* name, const Tensor& t, const Tensor& q,
+                 int64_t rows, int64_t cols) {
+  check_cuda(op, name, t, q);
+  FA2_CHECK(t.scalar_type() == ScalarType::Int, op, name, " has dtype ",
+            scalar_name(t.scalar_type()), "; it must be int32 (cast with .int())");
+  const bool shape_ok = cols < 0 ? t.dim() == 1 && t.size(0) == rows
+                                 : t.dim() == 2 && t.size(0) == rows && t.size(1) == cols;
+  FA2_CHECK(shape_ok, op, name, " has shape ", shape_str(t), " but must be [", rows,
+            cols < 0 ? "" : ", ", cols < 0 ? "" : std::to_string(cols), "]");
+  FA2_CHECK(t.stride(t.dim() - 1) == 1 || t.size(t.dim() - 1) <= 1, op, name,
+            " must have a contiguous last dimension; pass ", name, ".contiguous()");
+}
+
+const int32_t* index_ptr(const std::optional<Tensor>& t) {
+  return t.has_value() ? static_cast<const int32_t*>(t->const_data_ptr()) : nullptr;
+}
+
+// What validate_serving found, as the argument and the fix.
+void fail_serving(const char* op, const int bad[4], const FwdParams& p) {
+  const int seq = bad[1], idx = bad[2], val = bad[3];
+  switch (bad[0]) {
+    case 1:
+      FA2_CHECK(false, op, "block_table[", seq, ", ", idx, "] = ", val, " is not a page of "
+                "k_cache/v_cache, which hold ", p.num_pages, " blocks: every page a sequence "
+                "uses (the first ceil(seqlen / page_size) entries of its row) must be in [0, ",
+                p.num_pages, ")");
+    case 2:
+      FA2_CHECK(false, op, "sequence ", seq, " has ", val, " keys (seqused_k / cache_seqlens",
+                p.seqused_add ? " plus the appended tokens" : "", ") but the cache holds at most ",
+                p.kv_capacity, " per sequence (",
+                p.block_table ? "block_table columns x page_size" : "k_cache.shape[1]",
+                "); lengths must be in [0, ", p.kv_capacity, "]");
+    case 3:
+      FA2_CHECK(false, op, "cu_seqlens_q[", idx, "] = ", val, " is inconsistent: it must start "
+                "at 0, never decrease, hold no sequence longer than max_seqlen_q (", p.seqlen_q,
+                ") and end at q's token count (", p.total_q, ")");
+    case 4:
+      FA2_CHECK(false, op, "cache_leftpad[", seq, "] = ", val, " is outside [0, the sequence's "
+                "key count]");
+    case 5:
+      FA2_CHECK(false, op, "cache_batch_idx[", seq, "] = ", val, " is not a row of k_cache, "
+                "which has ", p.num_pages, "; entries must be in [0, ", p.num_pages, ")");
+    case 6:
+      FA2_CHECK(false, op, "the split plan (partitions / split_offsets) is inconsistent at "
+                "sequence ", seq, " (entry ", idx, " = ", val, "); make it with "
+                "sm7x.fa2.plan_decode for this batch");
+    case 7:
+      FA2_CHECK(false, op, "sequence ", seq, " has ", val, " keys but the call was planned for "
+                "at most ", idx, " (max_seqlen_k, or plan_decode's max_seqlen_k): pass a bound "
+                "that holds every sequence");
+    default:
+      FA2_CHECK(false, op, "input check failed (code ", bad[0], ")");
+  }
+}
+
+void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor lse,
+                    std::optional<Tensor> cu_seqlens_q, std::optional<Tensor> seqused_k,
+                    std::optional<Tensor> cu_seqlens_k, std::optional<Tensor> block_table,
+                    std::optional<Tensor> cache_batch_idx, std::optional<Tensor> k_start,
+                    Tensor partitions, Tensor split_offsets, Tensor o_accum, Tensor lse_accum,
+                    int64_t max_seqlen_q, int64_t seqlen_k, int64_t seqused_add,
+                    double softmax_scale, bool causal, int64_t window_left,
+                    int64_t window_right, double softcap) {
+  const char* op = "fwd_serving";
+  const bool varlen = cu_seqlens_q.has_value(), paged = block_table.has_value();
+  const int qd = varlen ? 3 : 4;
+  FA2_CHECK(q.is_cuda(), op, "q must be a CUDA tensor (sm7x FA2 runs on the GPU only)");
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"out", &out}}) {
+    FA2_CHECK(t->dim() == qd, op, n, " must be ", qd, "-D ",
+              varlen ? "[total_q, num_heads, head_dim]" : "[batch, seqlen_q, num_heads, head_dim]",
+              ", got shape ", shape_str(*t));
+  }
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"k_cache", &k_cache},
+                      {"v_cache", &v_cache}}) {
+    FA2_CHECK(t->dim() == 4, op, n, " must be 4-D ",
+              paged ? "[num_blocks, page_size, num_kv_heads, head_dim]"
+                    : "[batch_cache, seqlen_cache, num_kv_heads, head_dim]",
+              ", got shape ", shape_str(*t));
+  }
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k_cache", &k_cache},
+                      {"v_cache", &v_cache}, {"out", &out}}) {
+    check_cuda(op, n, *t, q);
+    check_half(op, n, *t);
+  }
+  bool same = true;
+  for (int64_t d = 0; d < qd; ++d) same = same && out.size(d) == q.size(d);
+  for (int64_t d = 0; d < 4; ++d) same = same && k_cache.size(d) == v_cache.size(d);
+  FA2_CHECK(same, op, "out must have q's shape and v_cache k_cache's: got q ", shape_str(q),
+            ", out ", shape_str(out), ", k_cache ", shape_str(k_cache), ", v_cache ",
+            shape_str(v_cache));
+  const int64_t hd = q.size(qd - 1), heads = q.size(qd - 2), kv_heads = k_cache.size(2);
+  FA2_CHECK(k_cache.size(3) == hd, op, "q has head dim ", hd, " but k_cache has ",
+            k_cache.size(3));
+  FA2_CHECK(hd > 0 && hd % kHeadDimMultiple == 0 && hd <= kMaxHeadDim, op, "head dim ", hd,
+            " is not supported: it must be a multiple of ", kHeadDimMultiple, " and at most ",
+            kMaxHeadDim, " (kernels are compiled for ", head_dims_text(), ")");
+  FA2_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, "num_heads (", heads,
+            ") must be a multiple of num_kv_heads (", kv_heads, ") for GQA/MQA");
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k_cache", &k_cache},
+                      {"v_cache", &v_cache}, {"out", &out}})
+    check_layout(op, n, *t);
+  const int64_t B = varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
+  const int64_t total_q = varlen ? q.size(0) : q.size(0) * q.size(1);
+  const int64_t sq_max = varlen ? max_seqlen_q : q.size(1);
+  FA2_CHECK(B >= 0 && sq_max >= 0, op, "cu_seqlens_q must have batch + 1 >= 1 entries and "
+            "max_seqlen_q must be >= 0");
+  if (varlen) {
+    check_index(op, "cu_seqlens_q", *cu_seqlens_q, q, B + 1, -1);
+    check_lse(op, lse, q, 0, heads, total_q, 2, "[num_heads, total_q]");
+  } else {
+    check_lse(op, lse, q, B, heads, q.size(1), 3, "[batch, num_heads, seqlen_q]");
+  }
+  if (seqused_k.has_value()) check_index(op, "seqused_k", *seqused_k, q, B, -1);
+  if (cu_seqlens_k.has_value()) check_index(op, "cu_seqlens_k", *cu_seqlens_k, q, B + 1, -1);
+  const int64_t n_blocks = k_cache.size(0), rows_per = k_cache.size(1);
+  int64_t capacity = rows_per;
+  int page_shift = 0;
+  if (paged) {
+    FA2_CHECK(!cache_batch_idx.has_value() && !k_start.has_value(), op,
+              "cache_batch_idx and cache_leftpad apply to a contiguous cache, not with block_table");
+    FA2_CHECK(block_table->dim() == 2, op, "block_table must be 2-D [batch, max_blocks], got "
+              "shape ", shape_str(*block_table));
+    check_index(op, "block_table", *block_table, q, B, block_table->size(1));
+    FA2_CHECK(rows_per > 0 && (rows_per & (rows_per - 1)) == 0, op, "page_size (k_cache.shape[1]"
+              ") is ", rows_per, "; the kernels support powers of two (16, 32, 64, 128, ...)");
+    while ((int64_t{1} << page_shift) < rows_per) ++page_shift;
+    capacity = block_table->size(1) * rows_per;
+  } else {
+    if (cache_batch_idx.has_value()) check_index(op, "cache_batch_idx", *cache_batch_idx, q, B, -1);
+    else FA2_CHECK(n_blocks >= B, op, "k_cache has ", n_blocks, " rows for a batch of ", B,
+                   "; pass cache_batch_idx or a cache with a row per sequence");
+    if (k_start.has_value()) check_index(op, "cache_leftpad", *k_start, q, B, -1);
+  }
+  FA2_CHECK(seqused_k.has_value() || cu_seqlens_k.has_value() || (seqlen_k >= 0 &&
+            seqlen_k <= capacity), op, "seqlen_k (", seqlen_k, ") must be in [0, ", capacity,
+            "] when neither seqused_k nor cu_seqlens_k is given");
+  check_index(op, "split_offsets", split_offsets, q, B + 1, -1);
+  FA2_CHECK(partitions.dim() == 2 && partitions.size(1) == 3, op, "partitions must be [P, 3] "
+            "(seq, kv_start, kv_end), got shape ", shape_str(partitions));
+  const int64_t P = partitions.size(0);
+  check_index(op, "partitions", partitions, q, P, 3);
+  FA2_CHECK(P >= B && P <= 65535, op, "the plan has ", P, " partitions for ", B,
+            " sequences; it must have between batch and 65535");
+  const int64_t group = heads / kv_heads, accum_rows = sq_max * group;
+  const bool split = P > B;
+  if (split) {
+    check_cuda(op, "o_accum", o_accum, q);
+    check_cuda(op, "lse_accum", lse_accum, q);
+    FA2_CHECK(o_accum.scalar_type() == ScalarType::Float &&
+              lse_accum.scalar_type() == ScalarType::Float, op,
+              "o_accum and lse_accum must be float32");
+    FA2_CHECK(o_accum.dim() == 4 && o_accum.size(0) == P && o_accum.size(1) == kv_heads &&
+              o_accum.size(2) == accum_rows && o_accum.size(3) == hd && o_accum.is_contiguous() &&
+              lse_accum.dim() == 3 && lse_accum.size(0) == P && lse_accum.size(1) == kv_heads &&
+              lse_accum.size(2) == accum_rows && lse_accum.is_contiguous(), op,
+              "the split workspace must be contiguous o_accum [", P, ", ", kv_heads, ", ",
+              accum_rows, ", ", hd, "] and lse_accum [", P, ", ", kv_heads, ", ", accum_rows,
+              "] (partitions x kv heads x max_seqlen_q * group); got ", shape_str(o_accum), " and ",
+              shape_str(lse_accum));
+  }
+  check_options(op, softmax_scale, window_left, window_right, softcap);
+  for (auto [n, v] : {std::pair<const char*, int64_t>{"total_q", total_q}, {"max_seqlen_q", sq_max},
+                      {"rows per kv head (max_seqlen_q * group)", accum_rows},
+                      {"cache capacity", capacity}, {"num_blocks", n_blocks},
+                      {"seqused_add", seqused_add}})
+    check_int32(op, n, v);
+  if (B == 0 || sq_max == 0 || total_q == 0) return;
+  FwdParams p{};
+  p.q = q.const_data_ptr();
+  p.k = k_cache.const_data_ptr();
+  p.v = v_cache.const_data_ptr();
+  p.o = out.mutable_data_ptr();
+  p.lse = static_cast<float*>(lse.mutable_data_ptr());
+  const int r = qd - 3;  // q's token dim
+  p.q_batch_stride = varlen ? 0 : q.stride(0);
+  p.o_batch_stride = varlen ? 0 : out.stride(0);
+  p.q_row_stride = q.stride(r);
+  p.o_row_stride = out.stride(r);
+  p.q_head_stride = q.stride(r + 1);
+  p.o_head_stride = out.stride(r + 1);
+  p.k_batch_stride = k_cache.stride(0);
+  p.v_batch_stride = v_cache.stride(0);
+  p.k_row_stride = k_cache.stride(1);
+  p.v_row_stride = v_cache.stride(1);
+  p.k_head_stride = k_cache.stride(2);
+  p.v_head_stride = v_cache.stride(2);
+  p.lse_batch_stride = varlen ? 0 : lse.stride(0);
+  p.lse_head_stride = lse.stride(varlen ? 0 : 1);
+  p.cu_seqlens_q = index_ptr(cu_seqlens_q);
+  p.cu_seqlens_k = index_ptr(cu_seqlens_k);
+  p.batch = static_cast<int>(B);
+  p.heads = static_cast<int>(heads);
+  p.kv_heads = static_cast<int>(kv_heads);
+  p.seqlen_q = static_cast<int>(sq_max);
+  p.seqlen_k = static_cast<int>(std::max<int64_t>(seqlen_k, 0));
+  p.head_dim = static_cast<int>(hd);
+  fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
+  p.group = static_cast<int>(group);
+  p.total_q = static_cast<int>(total_q);
+  p.seqused_k = index_ptr(seqused_k);
+  p.seqused_add = static_cast<int>(seqused_add);
+  p.kv_capacity = static_cast<int>(capacity);
+  p.block_table = index_ptr(block_table);
+  p.bt_stride = paged ? block_table->stride(0) : 0;
+  p.page_shift = page_shift;
+  p.num_pages = static_cast<int>(n_blocks);
+  p.cache_batch_idx = index_ptr(cache_batch_idx);
+  p.k_start = index_ptr(k_start);
+  p.partitions = static_cast<const int32_t*>(partitions.const_data_ptr());
+  p.split_offsets = static_cast<const int32_t*>(split_offsets.const_data_ptr());
+  p.num_partitions = static_cast<int>(P);
+  p.o_accum = split ? static_cast<float*>(o_accum.mutable_data_ptr()) : nullptr;
+  p.lse_accum = split ? static_cast<float*>(lse_accum.mutable_data_ptr()) : nullptr;
+  p.accum_rows = static_cast<int>(accum_rows);
+
+  torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
+  const cudaStream_t stream = current_stream(op, q);
+  // The values the kernels read from the device are checked there first, except while a
+  // CUDA graph is being captured (no host sync possible; the kernels clamp every index).
+  bool checked = false;
+  int bad[4];
+  int err = validate_serving(p, stream, &checked, bad);
+  FA2_CHECK(err == 0, op, "input check failed: ", cuda_error_string(err));
+  if (checked && bad[0] != 0) fail_serving(op, bad, p);
+  err = sm7x::fa2::serving(p, stream);
+  FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
+}
+
+int64_t serving_ctas_per_sm_op(int64_t device, int64_t head_dim, bool wide) {
+  const char* op = "serving_ctas_per_sm";
+  FA2_CHECK(head_dim > 0 && head_dim <= kMaxHeadDim, op, "head_dim must be in [1, ",
+            kMaxHeadDim, "], got ", head_dim);
+  torch::stable::accelerator::DeviceGuard guard(static_cast<int32_t>(device));
+  return sm7x::fa2::serving_ctas_per_sm(static_cast<int>(head_dim), wide);
+}
+
 }  // namespace
 }  // namespace fa2
 }  // namespace sm7x
@@ -276,13 +521,26 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
       "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, "
       "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
       "float softmax_scale, bool causal, int window_left, int window_right, float softcap) -> ()");
+  m.def(
+      "fwd_serving(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!) lse, "
+      "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cu_seqlens_k, Tensor? block_table, "
+      "Tensor? cache_batch_idx, Tensor? cache_leftpad, Tensor partitions, Tensor split_offsets, "
+      "Tensor(c!) o_accum, Tensor(d!) lse_accum, int max_seqlen_q, int seqlen_k, "
+      "int seqused_add, float softmax_scale, bool causal, int window_left, int window_right, "
+      "float softcap) -> ()");
+  m.def("serving_ctas_per_sm(int device, int head_dim, bool wide) -> int");
 }
 
 // CPU too, only so that CPU tensors get the op's own message ("must be a CUDA tensor")
 // instead of torch's "could not run ... with arguments from the 'CPU' backend".
 #define SM7X_FA2_IMPLS(m)                                  \
   m.impl("fwd", TORCH_BOX(&sm7x::fa2::fwd_op));            \
-  m.impl("fwd_varlen", TORCH_BOX(&sm7x::fa2::fwd_varlen_op))
+  m.impl("fwd_varlen", TORCH_BOX(&sm7x::fa2::fwd_varlen_op));  \
+  m.impl("fwd_serving", TORCH_BOX(&sm7x::fa2::fwd_serving_op))
 
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CUDA, m) { SM7X_FA2_IMPLS(m); }
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CPU, m) { SM7X_FA2_IMPLS(m); }
+// No tensor argument to dispatch on: one kernel for every backend.
+SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CompositeExplicitAutograd, m) {
+  m.impl("serving_ctas_per_sm", TORCH_BOX(&sm7x::fa2::serving_ctas_per_sm_op));
+}

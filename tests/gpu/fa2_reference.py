@@ -4,6 +4,7 @@ arch's test module runs over its own grid (`tag` names the arch in the record)."
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -178,3 +179,111 @@ def report_worst(title):
     if path:
         with open(path, "w") as f:
             f.write(text + "\n")
+
+
+# ---------------------------------------------------------------------------------------
+# Serving (paged KV cache, decode, split-KV, kv-cache append with rotary): cache builders
+# and references, used by test_fa2_serving.py. Pure torch; `device` defaults to CUDA.
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def paged_cache(lens, page_size, hk, d, *, seed=0, max_blocks=None, spare_blocks=3,
+                device="cuda"):
+    """(k_cache, v_cache, block_table) for sequences of `lens` keys.
+
+    Caches: randn fp16 [num_blocks, page_size, hk, d]; block_table: int32 [batch,
+    max_blocks]. The pages a sequence uses are distinct blocks in shuffled order (no two
+    sequences share one); the entries past them point at arbitrary valid blocks (as a
+    serving engine's padding would), which the kernels must not read.
+    """
+    g = torch.Generator().manual_seed(seed)
+    used = [ceil_div(n, page_size) for n in lens]
+    if max_blocks is None:
+        max_blocks = max(used + [1])
+    assert max(used + [0]) <= max_blocks
+    num_blocks = sum(used) + spare_blocks
+    perm = torch.randperm(num_blocks, generator=g)
+    bt = torch.randint(0, num_blocks, (len(lens), max_blocks), generator=g, dtype=torch.int32)
+    off = 0
+    for i, u in enumerate(used):
+        bt[i, :u] = perm[off:off + u].to(torch.int32)
+        off += u
+    gd = torch.Generator(device=device).manual_seed(seed + 1)
+    shape = (num_blocks, page_size, hk, d)
+    k_cache = torch.randn(shape, device=device, dtype=torch.float16, generator=gd)
+    v_cache = torch.randn(shape, device=device, dtype=torch.float16, generator=gd)
+    return k_cache, v_cache, bt.to(device)
+
+
+def paged_rows(block_table, b, positions, page_size):
+    """(block, slot) index tensors of key positions `positions` (long) of sequence b."""
+    positions = torch.as_tensor(positions, device=block_table.device).long()
+    return block_table[b].long()[positions // page_size], positions % page_size
+
+
+def gather_paged(cache, block_table, b, n):
+    """Keys 0..n-1 of sequence b of a paged cache, as a contiguous [n, hk, d] tensor."""
+    page = cache.shape[1]
+    nb = ceil_div(n, page)
+    idx = block_table[b, :nb].long()
+    return cache[idx].reshape(nb * page, *cache.shape[2:])[:n]
+
+
+def contiguous_from_paged(cache, block_table):
+    """The contiguous cache [batch, max_blocks * page_size, hk, d] holding, row by row,
+    what the block table maps (every entry of block_table must be a valid block)."""
+    b, mb = block_table.shape
+    return cache[block_table.long()].reshape(b, mb * cache.shape[1], *cache.shape[2:])
+
+
+def reference_seqs(qs, ks, vs, scale, causal=False, window=(-1, -1), softcap=0.0):
+    """`reference` per sequence: qs, ks, vs are lists of [s, heads, d] tensors.
+
+    Returns the packed (varlen) layout: out [sum sq, h, d] float32 and lse [h, sum sq]
+    (+inf for rows without a visible key, as the kernels report them).
+    """
+    outs, lses = [], []
+    for q, k, v in zip(qs, ks, vs):
+        o, l = reference(q[None], k[None], v[None], scale, causal, window, softcap)
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def packed_to_batched(out, lse, batch, sq):
+    """(out [b*sq, h, d], lse [h, b*sq]) -> (out [b, sq, h, d], lse [b, h, sq])."""
+    h = out.shape[1]
+    return (out.reshape(batch, sq, h, out.shape[-1]),
+            lse.reshape(h, batch, sq).permute(1, 0, 2).contiguous())
+
+
+def rotary_tables(seqlen_ro, rotary_dim, *, seed=0, device="cuda"):
+    """rotary_cos, rotary_sin fp16 [seqlen_ro, rotary_dim / 2] of random angles (as
+    flash-attn's tests: any position or pairing mistake shows)."""
+    g = torch.Generator().manual_seed(seed)
+    angle = torch.rand(seqlen_ro, rotary_dim // 2, generator=g, dtype=torch.float64) * 2 * math.pi
+    return (torch.cos(angle).to(device=device, dtype=torch.float16),
+            torch.sin(angle).to(device=device, dtype=torch.float16))
+
+
+def apply_rotary(x, cos, sin, positions, interleaved):
+    """x [s, heads, d] rotated at `positions` [s] in float32, flash-attn's definition:
+    the first rotary_dim = 2 * cos.shape[1] dims rotate, the rest pass through;
+    interleaved (GPT-J): pairs (x[2i], x[2i+1]); else (GPT-NeoX): halves (x[i],
+    x[i + rotary_dim/2]). Returns float32 (round with .half() as the kernels store)."""
+    rd = cos.shape[1] * 2
+    x = x.float()
+    positions = torch.as_tensor(positions, device=x.device).long()
+    c = cos.float()[positions][:, None, :]
+    s = sin.float()[positions][:, None, :]
+    xr = x[..., :rd]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :rd // 2], xr[..., rd // 2:]
+        rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rot, x[..., rd:]), dim=-1)

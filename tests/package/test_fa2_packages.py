@@ -23,8 +23,10 @@ ARCHS = {
     "sm70": ("HMMA.884", "LDG.E.128"),
 }
 REG_GRANULE = 8  # registers are allocated per thread in multiples of 8 on sm_70 / sm_75
-# the kernel's config in its mangled name: FwdConfig<head_dim, block_m, block_n, ...>
+# the kernel's config in its mangled name: FwdConfig<head_dim, block_m, block_n, ...>, and
+# its second template argument: fwd_kernel<Config, SERVING>
 CONFIG = re.compile(r"FwdConfigILi(\d+)ELi(\d+)ELi(\d+)E")
+SERVING = re.compile(r"ELb([01])EEEvNS0_9FwdParamsE$")
 
 
 def lib(env, arch):
@@ -94,41 +96,58 @@ def sass_bodies(text: str) -> dict[str, str]:
     return {part.split("\n", 1)[0].strip(): part for part in parts}
 
 
+def expected_kernels(arch: str, fa2: dict) -> dict[tuple, dict]:
+    """(head_dim, block_m, block_n, serving) -> its table entry: the prefill kernels
+    (fa2.kernels), the narrow serving ones (fa2.serving_kernels) and the wide serving ones
+    (fa2.kernels' tiles, where they have more rows than the narrow tile of that head dim;
+    elsewhere the narrow kernel runs those calls)."""
+    narrow_bm = {e["head_dim"]: e["block_m"] for e in fa2["serving_kernels"][arch]}
+    want = {}
+    for e in fa2["kernels"][arch]:
+        want[(e["head_dim"], e["block_m"], e["block_n"], False)] = e
+        if e["block_m"] > narrow_bm[e["head_dim"]]:
+            want[(e["head_dim"], e["block_m"], e["block_n"], True)] = e
+    for e in fa2["serving_kernels"][arch]:
+        want[(e["head_dim"], e["block_m"], e["block_n"], True)] = e
+    return want
+
+
 def kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list[str]:
-    """What ptxas does not check, per kernel of the table fa2.kernels.<arch>: it is in the
-    library (one kernel per entry, no other); its block fits on an SM at all (registers,
-    rounded to their allocation granule, x threads <= the card's registers per block; the
-    static plus the table's dynamic shared memory <= the card's opt-in limit per block);
-    it keeps nothing in local memory (spills, stack); it runs on tensor cores and 128-bit
-    loads (ARCHS)."""
-    limits, entries = fa2["card_limits"][arch], fa2["kernels"][arch]
+    """What ptxas does not check, per kernel of the tables (expected_kernels): it is in
+    the library (one kernel per entry, no other); its block fits on an SM at all
+    (registers, rounded to their allocation granule, x threads <= the card's registers per
+    block; the static plus the table's dynamic shared memory <= the card's opt-in limit per
+    block); it keeps nothing in local memory (spills, stack); it runs on tensor cores and
+    128-bit loads (ARCHS)."""
+    limits = fa2["card_limits"][arch]
     res, sass = res_usage(res_text), sass_bodies(sass_text)
     found = {}
     for name in res:
-        m = CONFIG.search(name)
-        if m:
-            found.setdefault(tuple(map(int, m.groups())), []).append(name)
+        m, kind = CONFIG.search(name), SERVING.search(name)
+        if m and kind:
+            key = (*map(int, m.groups()), kind.group(1) == "1")
+            found.setdefault(key, []).append(name)
     problems = []
-    for e in entries:
-        key = (e["head_dim"], e["block_m"], e["block_n"])
+    for key, e in expected_kernels(arch, fa2).items():
+        what = f"{arch} d={key[0]} {key[1]}x{key[2]} {'serving' if key[3] else 'prefill'}"
         names = found.pop(key, [])
         if len(names) != 1:
-            problems.append(f"{arch} {key}: {len(names)} kernels in the library, want 1")
+            problems.append(f"{what}: {len(names)} kernels in the library, want 1")
             continue
         name, r = names[0], res[names[0]]
         regs = -(-r["reg"] // REG_GRANULE) * REG_GRANULE * e["threads"]
         if regs > limits["regs_per_block"]:
-            problems.append(f"{arch} d={key[0]}: {r['reg']} registers x {e['threads']} threads "
+            problems.append(f"{what}: {r['reg']} registers x {e['threads']} threads "
                             f"= {regs} > {limits['regs_per_block']} per block: cannot launch")
         smem = r["shared"] + e["smem_bytes"]
         if smem > limits["smem_per_block"]:
-            problems.append(f"{arch} d={key[0]}: {smem} bytes of shared memory > "
+            problems.append(f"{what}: {smem} bytes of shared memory > "
                             f"{limits['smem_per_block']} per block")
         if r["local"] or r["stack"]:
-            problems.append(f"{arch} d={key[0]}: local memory (spills) {r}")
+            problems.append(f"{what}: local memory (spills) {r}")
         for instruction in ARCHS[arch]:
             if instruction not in sass.get(name, ""):
-                problems.append(f"{arch} d={key[0]}: no {instruction} in its SASS")
+                problems.append(f"{what}: no {instruction} in its SASS")
     problems += [f"{arch} {key}: kernel not in targets.json: {names}" for key, names in found.items()]
     return problems
 

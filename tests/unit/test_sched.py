@@ -540,3 +540,35 @@ def test_large_batch():
     plan = sched.split_kv_plan(i32([1 << 30, 5, 1 << 20]), 1, 132, block_n=16, max_splits=1 << 20)
     check = memoryview(plan.num_splits).tolist()
     assert check[0] >= check[2] >= check[1] >= 1
+
+
+# --------------------------------------------------------------------------------------
+# split_kv_plan as decode uses it (sm7x.fa2.plan_decode): one upper bound of the key count
+# for every sequence, the serving kernels' key tiles (16, 32, 64), long caches
+
+
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+@pytest.mark.parametrize("length", [1, 15, 16, 17, 1000, 4097, 32768, 100_000])
+def test_decode_plan_for_one_bound(block_n, length):
+    """A plan for an upper bound (every sequence at max_seqlen_k) gives every sequence the
+    same chunks: starts on block_n multiples, the last one ending at the bound."""
+    for batch, heads, sms, max_splits in ((1, 1, 132, 128), (2, 8, 264, 7), (4, 2, 80, 128)):
+        lens = [length] * batch
+        plan = sched.split_kv_plan(i32(lens), heads, sms, block_n, max_splits)
+        num_splits = check_split_plan(plan, lens, heads, sms, block_n, max_splits)
+        assert num_splits == ref_split_counts(lens, heads, sms, block_n, max_splits)
+        assert len(set(num_splits)) == 1
+        chunks = [[p[1:] for p in rows(plan.partitions) if p[0] == i] for i in range(batch)]
+        assert all(c == chunks[0] for c in chunks), "sequences of one bound got different chunks"
+        assert chunks[0][-1][1] == length
+        assert all(start % block_n == 0 for start, _ in chunks[0])
+
+
+def test_decode_plan_max_splits_one_never_splits():
+    # one long sequence on a large device would be split; max_splits=1 keeps one chunk each
+    lens = [100_000, 32_768, 1]
+    assert sched.split_kv_plan(i32(lens[:1]), 1, 132, 16, 128).total_splits > 1
+    plan = sched.split_kv_plan(i32(lens), 1, 132, block_n=16, max_splits=1)
+    assert memoryview(plan.num_splits).tolist() == [1, 1, 1]
+    assert rows(plan.partitions) == [(0, 0, 100_000), (1, 0, 32_768), (2, 0, 1)]
+    assert plan.total_splits == 3 and plan.max_chunk_blocks == ceil_div(100_000, 16)

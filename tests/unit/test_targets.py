@@ -101,6 +101,16 @@ def test_targets_are_consistent():
         dims = _targets.fa2_head_dims(arch)
         assert dims and max(dims) == t["fa2"]["max_head_dim"]
         assert all(d % 16 == 0 for d in dims), dims
+        # the serving kernels cover the same head dims (the dispatch walks one list)
+        serving = sorted(k["head_dim"] for k in t["fa2"]["serving_kernels"][arch])
+        assert serving == list(dims), (arch, serving, dims)
+        # above serving_wide_rows the prefill tiles run where they have more rows
+        for d in dims:
+            narrow = _targets.fa2_kernel(arch, d, serving=True)
+            few = _targets.fa2_serving_kernel(arch, d, _targets.fa2_serving_wide_rows())
+            many = _targets.fa2_serving_kernel(arch, d, _targets.fa2_serving_wide_rows() + 1)
+            assert few == narrow
+            assert many["block_m"] >= narrow["block_m"]
 
 
 # A list written out again somewhere in code is a second place that can go stale.

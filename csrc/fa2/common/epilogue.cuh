@@ -43,11 +43,13 @@ __device__ __forceinline__ void out_offsets(const FwdParams& p, int b, int h, in
 }
 
 // The 16 rows of warp `warp`, staged fp16 [16][C::kStride] at sO, to the output rows
-// m0 + 16 warp + 0..15 (o_off: out_offsets): 128-bit stores; rows past sq and chunks past
-// the real head dim are skipped.
-template <class C>
-__device__ __forceinline__ void store_o_rows(const FwdParams& p, int64_t o_off, const __half* sO,
-                                             int m0, int warp, int sq, int lane) {
+// m0 + 16 warp + 0..15 of the `rows` rows; row_offset(grow) is the element offset of row
+// grow in p.o (the serving kernels' packed GQA rows; store_o_rows: o_off + grow * stride).
+// 128-bit stores; rows past `rows` and chunks past the real head dim are skipped.
+template <class C, class RowOffset>
+__device__ __forceinline__ void store_o_rows_at(const FwdParams& p, const RowOffset& row_offset,
+                                                const __half* sO, int m0, int warp, int rows,
+                                                int lane) {
   // Read up front: a load inside the && below is conditional and made the second test a
   // branch of its own (4 more BRA at d=96).
   const int head_dim = p.head_dim;
@@ -57,10 +59,22 @@ __device__ __forceinline__ void store_o_rows(const FwdParams& p, int64_t o_off, 
     const int idx = lane + i * 32;
     const int r = idx / C::kChunks, c = idx % C::kChunks;
     const int grow = m0 + warp * 16 + r;
-    if (grow < sq && c * 8 < head_dim)
-      *reinterpret_cast<uint4*>(o + o_off + (int64_t)grow * p.o_row_stride + c * 8) =
+    if (grow < rows && c * 8 < head_dim)
+      *reinterpret_cast<uint4*>(o + row_offset(grow) + c * 8) =
           *reinterpret_cast<const uint4*>(sO + r * C::kStride + c * 8);
   }
+}
+
+// Output row grow at o_off + grow * stride (o_off: out_offsets).
+struct OffsetRows {
+  int64_t base, stride;
+  __device__ __forceinline__ int64_t operator()(int r) const { return base + (int64_t)r * stride; }
+};
+
+template <class C>
+__device__ __forceinline__ void store_o_rows(const FwdParams& p, int64_t o_off, const __half* sO,
+                                             int m0, int warp, int sq, int lane) {
+  store_o_rows_at<C>(p, OffsetRows{o_off, p.o_row_stride}, sO, m0, warp, sq, lane);
 }
 
 }  // namespace detail

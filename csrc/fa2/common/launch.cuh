@@ -1,4 +1,5 @@
-// Host side of both kernels: one CTA per (m-block, head, batch) with the config's dynamic
+// Host side of both kernels: prefill runs one CTA per (m-block, head, batch), serving one
+// per (m-block, kv head, partition), with the config's dynamic
 // shared memory on the caller's stream (torch's current stream: CUDA-graph capturable).
 #pragma once
 
@@ -11,15 +12,42 @@ namespace fa2 {
 namespace detail {
 
 template <class C, class Kernel>
+int set_smem(Kernel kernel) {
+  if (C::kSmemBytes > 48 * 1024)  // above the default limit: opt in, per kernel
+    return static_cast<int>(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  return 0;
+}
+
+template <class C, class Kernel>
 int launch(Kernel kernel, const FwdParams& p, cudaStream_t stream) {
   const int mblocks = (p.seqlen_q + C::kBlockM - 1) / C::kBlockM;
   if (mblocks == 0 || p.batch == 0 || p.heads == 0) return 0;
-  if (C::kSmemBytes > 48 * 1024) {  // above the default limit: opt in, per kernel
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         C::kSmemBytes);
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
+  if (const int e = set_smem<C>(kernel)) return e;
   dim3 grid(mblocks, p.heads, p.batch);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Resident CTAs per SM of a kernel (what the split planner counts on); 0 on error.
+template <class C, class Kernel>
+int occupancy(Kernel kernel) {
+  int n = 0;
+  if (set_smem<C>(kernel) != 0 ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, C::kThreads, C::kSmemBytes) !=
+          cudaSuccess)
+    return 0;
+  return n;
+}
+
+// The serving grid: (m-blocks of one sequence's packed rows, kv heads, partitions).
+template <class C, class Kernel>
+int launch_serving(Kernel kernel, const FwdParams& p, cudaStream_t stream) {
+  const int rows = p.seqlen_q * p.group;
+  const int mblocks = (rows + C::kBlockM - 1) / C::kBlockM;
+  if (mblocks == 0 || p.num_partitions == 0 || p.kv_heads == 0) return 0;
+  if (const int e = set_smem<C>(kernel)) return e;
+  dim3 grid(mblocks, p.kv_heads, p.num_partitions);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }

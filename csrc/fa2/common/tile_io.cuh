@@ -29,21 +29,35 @@ __device__ __forceinline__ void tile_coord(int i, int tid, int& row, int& c) {
   }
 }
 
+// Rows n0 .. of a strided tile: row j is j * stride elements on.
+struct StridedRows {
+  int64_t stride;
+  __device__ __forceinline__ int64_t operator()(int j) const { return (int64_t)j * stride; }
+};
+
 // rows [n0, n0 + ROWS) x all chunks of a [rows][D] fp16 tile into registers; rows >= n
-// and chunks past the real head dim read as zeros.
-template <class C, int LOADS>
-__device__ __forceinline__ void load_tile(uint4 (&r)[LOADS], const __half* g,
-                                          int64_t row_stride, int n0, int n, int head_dim,
-                                          int tid) {
+// and chunks past the real head dim read as zeros. row_offset(j) is the element offset of
+// row j from g (StridedRows; the serving kernels: packed GQA rows of q).
+template <class C, int LOADS, class RowOffset>
+__device__ __forceinline__ void load_tile_rows(uint4 (&r)[LOADS], const __half* g,
+                                               const RowOffset& row_offset, int n0, int n,
+                                               int head_dim, int tid) {
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
     int row, c;
     tile_coord<C>(i, tid, row, c);
     uint4 v = make_uint4(0, 0, 0, 0);
     if (n0 + row < n && c * 8 < head_dim)
-      v = __ldg(reinterpret_cast<const uint4*>(g + (int64_t)(n0 + row) * row_stride + c * 8));
+      v = __ldg(reinterpret_cast<const uint4*>(g + row_offset(n0 + row) + c * 8));
     r[i] = v;
   }
+}
+
+template <class C, int LOADS>
+__device__ __forceinline__ void load_tile(uint4 (&r)[LOADS], const __half* g,
+                                          int64_t row_stride, int n0, int n, int head_dim,
+                                          int tid) {
+  load_tile_rows<C>(r, g, StridedRows{row_stride}, n0, n, head_dim, tid);
 }
 
 template <class C, int LOADS>

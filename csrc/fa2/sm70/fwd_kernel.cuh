@@ -37,6 +37,7 @@
 #include "common/launch.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
+#include "common/serving.cuh"
 #include "common/softmax.cuh"
 #include "common/tile_io.cuh"
 #include "fa2.h"
@@ -64,7 +65,9 @@ struct FwdConfig : TileShape<D, BR, BC> {
                 "WMMA pointers must stay 32-byte aligned");
 };
 
-template <class C>
+// SERVING: the serving instantiation, as in sm75/fwd_kernel.cuh (packed GQA rows, keys
+// from a (paged) cache, split partials; warps without rows skip the GEMMs).
+template <class C, bool SERVING>
 __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   using namespace nvcuda;
   using namespace detail;
@@ -81,27 +84,36 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int lr = lane >> 1, half = lane & 1;  // softmax / O layout: row lr, 4-col half
+  // Prefill: (m-block, head, batch); serving: (m-block, kv head, partition).
   const int h = blockIdx.y, b = blockIdx.z;
   // Last m-block first: with causal masking it has the most key tiles (less tail).
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BR;
   float* scratch = scratch_all + warp * C::kScratchFloats;
   __half* sP = sP_all + warp * 16 * PS;
 
-  const Sequence seq = sequence(p, b);
-  const int sq = seq.sq, sk = seq.sk;
-  if (m0 >= sq) return;
-  int64_t q_off, k_off, v_off;
-  head_offsets(p, seq, h, q_off, k_off, v_off);
-  const __half* qg = static_cast<const __half*>(p.q) + q_off;
-  const __half* kg = static_cast<const __half*>(p.k) + k_off;
-  const __half* vg = static_cast<const __half*>(p.v) + v_off;
-  const KeyTiles tiles = key_tiles<BR, BC>(p, m0, sq, sk);
-  const int off = tiles.off, last_row = tiles.last_row, t_lo = tiles.t_lo, t_hi = tiles.t_hi;
+  CtaWork cw;
+  if (!cta_work<BR, BC, SERVING>(p, b, h, m0, cw)) return;
+  const int sq = cw.sq, sk = cw.sk, off = cw.off, t_lo = cw.t_lo, t_hi = cw.t_hi;
+  const int first_row = cw.first_row, last_row = cw.last_row;
+  [[maybe_unused]] const ServingWork& w = cw.w;
   const SoftmaxScale sc = softmax_scale(p);
+  const bool warp_on = !SERVING || m0 + warp * 16 < sq;
+  // K / V tile n0 -> registers; serving: the pages of the next tile's rows are fetched
+  // into pg one tile ahead (fetch(n0) right after the loads of the tile before).
+  [[maybe_unused]] int pg[SERVING ? C::kTileLoads : 1];
+  auto fetch = [&](int n0) {
+    if constexpr (SERVING) fetch_pages<C>(pg, p, w.pages, n0, sk, tid);
+  };
+  auto load_k = [&](uint4(&r)[C::kTileLoads], int n0) {
+    load_kv<C, SERVING>(r, cw.kg, pg, p, cw, p.k_batch_stride, p.k_row_stride, n0, tid);
+  };
+  auto load_v = [&](uint4(&r)[C::kTileLoads], int n0) {
+    load_kv<C, SERVING>(r, cw.vg, pg, p, cw, p.v_batch_stride, p.v_row_stride, n0, tid);
+  };
 
   {
     uint4 qr[C::kQLoads];
-    load_tile<C>(qr, qg, p.q_row_stride, m0, sq, p.head_dim, tid);
+    load_q<C, SERVING>(qr, p, cw, m0, tid);
     store_tile<C>(sQ, qr, tid);
   }
 
@@ -110,12 +122,15 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   for (int j = 0; j < DJ; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float row_max = -INFINITY, row_sum = 0.f;
   const int row = m0 + warp * 16 + lr;  // this lane's query row
+  const int mrow = SERVING ? row / p.group : row;  // its query position for the masks
 
   uint4 stage_k[C::kTileLoads];
   uint4 stage_v[C::kTileLoads];
   if (t_lo < t_hi) {
-    load_tile<C>(stage_k, kg, p.k_row_stride, t_lo * BC, sk, p.head_dim, tid);
-    load_tile<C>(stage_v, vg, p.v_row_stride, t_lo * BC, sk, p.head_dim, tid);
+    fetch(t_lo * BC);
+    load_k(stage_k, t_lo * BC);
+    load_v(stage_v, t_lo * BC);
+    fetch((t_lo + 1) * BC);
     store_tile<C>(sK, stage_k, tid);
     store_tile<C>(sV, stage_v, tid);
   }
@@ -126,10 +141,12 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     const int n0 = t * BC;
     if constexpr (C::kPrefetch) {
       if (t + 1 < t_hi) {  // K_{t+1}, V_{t+1} in flight during this whole iteration
-        load_tile<C>(stage_k, kg, p.k_row_stride, n0 + BC, sk, p.head_dim, tid);
-        load_tile<C>(stage_v, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
+        load_k(stage_k, n0 + BC);
+        load_v(stage_v, n0 + BC);
+        fetch(n0 + 2 * BC);
       }
     }
+    if (warp_on) {
     // ---- S = Q K^T -> scratch
     {
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[BC / 16];
@@ -163,14 +180,17 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     }
     softcap_scores(s, p, sc.cap_in);
     // s[j][e]: key n0 + 8 j + 4 half + e of this lane's row
-    if (SM7X_FA2_TILE_NEEDS_MASK(p, BC, n0, m0, last_row, sk, off)) {
+    if (SM7X_FA2_TILE_NEEDS_MASK(p, BC, n0, first_row, last_row, sk, off) ||
+        (SERVING && n0 < w.kv_lo)) {
       const int left = p.window_left, right = p.window_right;
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!key_visible(n0 + j * 8 + half * 4 + e, row, sk, off, left, right))
+        for (int e = 0; e < 4; ++e) {
+          const int col = n0 + j * 8 + half * 4 + e;
+          if (!key_visible(col, mrow, sk, off, left, right) || (SERVING && col < w.kv_lo))
             s[j][e] = -INFINITY;
+        }
     }
     float mx = row_max;
 #pragma unroll
@@ -219,11 +239,13 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       o[j][3] = fmaf(o[j][3], alpha, v4.w);
     }
     __syncwarp();  // scratch is rewritten by the next tile's S
+    }  // warp_on
     if (t + 1 < t_hi) {
       __syncthreads();  // every warp is done with sK and sV
       if constexpr (!C::kPrefetch) {
-        load_tile<C>(stage_k, kg, p.k_row_stride, n0 + BC, sk, p.head_dim, tid);
-        load_tile<C>(stage_v, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
+        load_k(stage_k, n0 + BC);
+        load_v(stage_v, n0 + BC);
+        fetch(n0 + 2 * BC);
       }
       store_tile<C>(sK, stage_k, tid);
       store_tile<C>(sV, stage_v, tid);
@@ -232,11 +254,32 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   }
 
   // ---- epilogue: O / l, LSE; O staged through this warp's own rows of sQ
-  int64_t o_off, lse_off;
-  out_offsets(p, b, h, o_off, lse_off);
   const float l = row_allreduce_sum<2>(row_sum);
   const float inv = inv_row_sum(l);
-  if (half == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max);
+  [[maybe_unused]] int64_t o_off, lse_off;
+  if constexpr (SERVING) {
+    if (w.split) {  // fp32 partials straight from the registers, for run_combine
+      if (row < sq) {
+        const int64_t a = accum_row(p, b, h, row);
+        if (half == 0) p.lse_accum[a] = partial_lse(p, l, row_max);
+#pragma unroll
+        for (int j = 0; j < DJ; ++j) {
+          const int col = j * 8 + half * 4;
+          if (col < p.head_dim)
+            *reinterpret_cast<float4*>(p.o_accum + a * p.head_dim + col) =
+                make_float4(o[j][0] * inv, o[j][1] * inv, o[j][2] * inv, o[j][3] * inv);
+        }
+      }
+      return;
+    }
+    serving_out_offsets(p, w, 0, h * p.group, o_off, lse_off);
+    if (half == 0 && row < sq)
+      p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
+          row_lse(p, l, row_max);
+  } else {
+    out_offsets(p, b, h, o_off, lse_off);
+    if (half == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max);
+  }
   __syncwarp();
   __half* sO = sQ + warp * 16 * ST;  // only this warp ever read these Q rows
 #pragma unroll
@@ -247,12 +290,11 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     *reinterpret_cast<uint2*>(sO + lr * ST + j * 8 + half * 4) = pk;
   }
   __syncwarp();
-  store_o_rows<C>(p, o_off, sO, m0, warp, sq, lane);
-}
-
-template <class C>
-int launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  return detail::launch<C>(fwd_kernel<C>, p, stream);
+  if constexpr (SERVING)
+    store_o_rows_at<C>(p, OutRows{o_off, p.group, p.o_row_stride, p.o_head_stride}, sO, m0, warp,
+                       sq, lane);
+  else
+    store_o_rows<C>(p, o_off, sO, m0, warp, sq, lane);
 }
 
 }  // namespace sm70

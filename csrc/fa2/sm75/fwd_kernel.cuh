@@ -28,6 +28,7 @@
 #include "common/launch.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
+#include "common/serving.cuh"
 #include "common/softmax.cuh"
 #include "common/tile_io.cuh"
 #include "fa2.h"
@@ -51,7 +52,11 @@ struct FwdConfig : TileShape<D, BR, BC> {
                 "sm75 kernel: prefetch kBoth or kStaged");
 };
 
-template <class C>
+// SERVING: the serving instantiation (fa2.h "Serving", common/serving.cuh): grid (m-block,
+// kv head, partition), the rows are a GQA group's packed query rows, keys come from a
+// (paged) cache and a split sequence writes fp32 partials. Warps whose 16 rows are all past
+// the sequence's rows skip the GEMMs (decode: one token x group rows) but still load tiles.
+template <class C, bool SERVING>
 __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   using namespace detail;
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
@@ -64,26 +69,35 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tig = lane & 3;
+  // Prefill: (m-block, head, batch); serving: (m-block, kv head, partition).
   const int h = blockIdx.y, b = blockIdx.z;
   // Last m-block first: with causal masking it has the most key tiles (less tail).
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BR;
 
-  const Sequence seq = sequence(p, b);
-  const int sq = seq.sq, sk = seq.sk;
-  if (m0 >= sq) return;
-  int64_t q_off, k_off, v_off;
-  head_offsets(p, seq, h, q_off, k_off, v_off);
-  const __half* qg = static_cast<const __half*>(p.q) + q_off;
-  const __half* kg = static_cast<const __half*>(p.k) + k_off;
-  const __half* vg = static_cast<const __half*>(p.v) + v_off;
-  const KeyTiles tiles = key_tiles<BR, BC>(p, m0, sq, sk);
-  const int off = tiles.off, last_row = tiles.last_row, t_lo = tiles.t_lo, t_hi = tiles.t_hi;
+  CtaWork cw;
+  if (!cta_work<BR, BC, SERVING>(p, b, h, m0, cw)) return;
+  const int sq = cw.sq, sk = cw.sk, off = cw.off, t_lo = cw.t_lo, t_hi = cw.t_hi;
+  const int first_row = cw.first_row, last_row = cw.last_row;
+  [[maybe_unused]] const ServingWork& w = cw.w;
   const SoftmaxScale sc = softmax_scale(p);
+  const bool warp_on = !SERVING || m0 + warp * 16 < sq;
+  // K / V tile n0 -> registers; serving: the pages of the next tile's rows are fetched
+  // into pg one tile ahead (fetch(n0) right after the loads of the tile before).
+  [[maybe_unused]] int pg[SERVING ? C::kTileLoads : 1];
+  auto fetch = [&](int n0) {
+    if constexpr (SERVING) fetch_pages<C>(pg, p, w.pages, n0, sk, tid);
+  };
+  auto load_k = [&](uint4(&r)[C::kTileLoads], int n0) {
+    load_kv<C, SERVING>(r, cw.kg, pg, p, cw, p.k_batch_stride, p.k_row_stride, n0, tid);
+  };
+  auto load_v = [&](uint4(&r)[C::kTileLoads], int n0) {
+    load_kv<C, SERVING>(r, cw.vg, pg, p, cw, p.v_batch_stride, p.v_row_stride, n0, tid);
+  };
 
   // Q tile -> smem (once).
   {
     uint4 qr[C::kQLoads];
-    load_tile<C>(qr, qg, p.q_row_stride, m0, sq, p.head_dim, tid);
+    load_q<C, SERVING>(qr, p, cw, m0, tid);
     store_tile<C>(sQ, qr, tid);
   }
   const __half* q_frag_base =
@@ -102,13 +116,17 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   const int r0 = m0 + warp * 16 + g;  // rows of this thread: r0 and r0 + 8
+  // The query positions of those rows for the masks (serving: their tokens).
+  const int mr0 = SERVING ? r0 / p.group : r0, mr1 = SERVING ? (r0 + 8) / p.group : r0 + 8;
 
   uint4 stage[C::kTileLoads];
   uint4 stage_v[C::kPrefetchBoth ? C::kTileLoads : 1];
   if (t_lo < t_hi) {
-    load_tile<C>(stage, kg, p.k_row_stride, t_lo * BC, sk, p.head_dim, tid);
+    fetch(t_lo * BC);
+    load_k(stage, t_lo * BC);
     store_tile<C>(sK, stage, tid);
-    load_tile<C>(stage, vg, p.v_row_stride, t_lo * BC, sk, p.head_dim, tid);
+    load_v(stage, t_lo * BC);
+    fetch((t_lo + 1) * BC);
     store_tile<C>(sV, stage, tid);
   }
   __syncthreads();
@@ -120,13 +138,16 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     const int n0 = t * BC;
     if constexpr (C::kPrefetchBoth) {
       if (t + 1 < t_hi) {  // K_{t+1}, V_{t+1} in flight during this whole iteration
-        load_tile<C>(stage, kg, p.k_row_stride, n0 + BC, sk, p.head_dim, tid);
-        load_tile<C>(stage_v, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
+        load_k(stage, n0 + BC);
+        load_v(stage_v, n0 + BC);
+        fetch(n0 + 2 * BC);
       }
     } else {  // kStaged
       if (t + 1 < t_hi)  // K_{t+1} in flight during S = Q K_t^T and the softmax
-        load_tile<C>(stage, kg, p.k_row_stride, n0 + BC, sk, p.head_dim, tid);
+        load_k(stage, n0 + BC);
     }
+    uint32_t pa[NT][2];  // P as fp16 A fragments: tile i covers keys n0 + 8i .. 8i + 7.
+    if (warp_on) {
     // ---- S = Q K^T
     float s[NT][4];
 #pragma unroll
@@ -154,14 +175,17 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     }
     // ---- softcap, masking, online softmax (fp32)
     softcap_scores(s, p, sc.cap_in);
-    if (SM7X_FA2_TILE_NEEDS_MASK(p, BC, n0, m0, last_row, sk, off)) {
+    if (SM7X_FA2_TILE_NEEDS_MASK(p, BC, n0, first_row, last_row, sk, off) ||
+        (SERVING && n0 < w.kv_lo)) {
       const int left = p.window_left, right = p.window_right;
 #pragma unroll
       for (int i = 0; i < NT; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {  // element e of n8 tile i: row + (e >> 1) * 8, key + (e & 1)
           const int col = n0 + i * 8 + tig * 2 + (e & 1);
-          if (!key_visible(col, r0 + (e >> 1) * 8, sk, off, left, right)) s[i][e] = -INFINITY;
+          if (!key_visible(col, (e >> 1) ? mr1 : mr0, sk, off, left, right) ||
+              (SERVING && col < w.kv_lo))
+            s[i][e] = -INFINITY;
         }
     }
     float alpha[2];
@@ -193,21 +217,22 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         o[i][3] *= alpha[1];
       }
     }
-    // P as fp16 A fragments: tile i covers keys n0 + 8i .. 8i + 7.
-    uint32_t pa[NT][2];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
       pa[i][0] = pack_half2(s[i][0], s[i][1]);
       pa[i][1] = pack_half2(s[i][2], s[i][3]);
     }
+    }  // warp_on
     if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
       __syncthreads();  // every warp is done with sK (K_t)
       if (t + 1 < t_hi) {
         store_tile<C>(sK, stage, tid);  // K_{t+1}: read after the barrier below
-        load_tile<C>(stage, vg, p.v_row_stride, n0 + BC, sk, p.head_dim, tid);
+        load_v(stage, n0 + BC);
+        fetch(n0 + 2 * BC);
       }
     }
     // ---- O += P V (K_{t+1} or V_{t+1} loads in flight)
+    if (warp_on) {
 #pragma unroll
     for (int kt = 0; kt < BC / 16; ++kt) {
 #pragma unroll
@@ -220,6 +245,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         mma_m16n8k8(o[2 * dn + 1], pa[2 * kt + 1][0], pa[2 * kt + 1][1], bv[3]);
       }
     }
+    }  // warp_on
     if (t + 1 < t_hi) {
       if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
         __syncthreads();  // every warp is done with sV (V_t)
@@ -234,19 +260,58 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   }
 
   // ---- epilogue: O / l, LSE; O staged through this warp's own rows of sQ
-  int64_t o_off, lse_off;
-  out_offsets(p, b, h, o_off, lse_off);
+  [[maybe_unused]] int64_t o_off, lse_off;
+  if constexpr (SERVING) {
+    float l[2];
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const float l = row_allreduce_sum<4>(row_sum[hr]);
-    const float inv = inv_row_sum(l);
+    for (int hr = 0; hr < 2; ++hr) {
+      l[hr] = row_allreduce_sum<4>(row_sum[hr]);
+      const float inv = inv_row_sum(l[hr]);
 #pragma unroll
-    for (int i = 0; i < DT; ++i) {
-      o[i][2 * hr] *= inv;
-      o[i][2 * hr + 1] *= inv;
+      for (int i = 0; i < DT; ++i) {
+        o[i][2 * hr] *= inv;
+        o[i][2 * hr + 1] *= inv;
+      }
     }
-    const int row = r0 + hr * 8;
-    if (tig == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max[hr]);
+    if (w.split) {  // fp32 partials straight from the registers, for run_combine
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int row = r0 + hr * 8;
+        if (row >= sq) continue;
+        const int64_t a = accum_row(p, b, h, row);
+        if (tig == 0) p.lse_accum[a] = partial_lse(p, l[hr], row_max[hr]);
+#pragma unroll
+        for (int i = 0; i < DT; ++i) {
+          const int col = i * 8 + tig * 2;
+          if (col < p.head_dim)
+            *reinterpret_cast<float2*>(p.o_accum + a * p.head_dim + col) =
+                make_float2(o[i][2 * hr], o[i][2 * hr + 1]);
+        }
+      }
+      return;
+    }
+    serving_out_offsets(p, w, 0, h * p.group, o_off, lse_off);
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int row = r0 + hr * 8;
+      if (tig == 0 && row < sq)
+        p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
+            row_lse(p, l[hr], row_max[hr]);
+    }
+  } else {
+    out_offsets(p, b, h, o_off, lse_off);
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float l = row_allreduce_sum<4>(row_sum[hr]);
+      const float inv = inv_row_sum(l);
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        o[i][2 * hr] *= inv;
+        o[i][2 * hr + 1] *= inv;
+      }
+      const int row = r0 + hr * 8;
+      if (tig == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max[hr]);
+    }
   }
   if constexpr (C::kQInRegs)
     __syncthreads();  // sO overlaps sK / sV, which other warps may still read
@@ -260,12 +325,11 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         pack_half2(o[i][2], o[i][3]);
   }
   __syncwarp();
-  store_o_rows<C>(p, o_off, sO, m0, warp, sq, lane);
-}
-
-template <class C>
-int launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  return detail::launch<C>(fwd_kernel<C>, p, stream);
+  if constexpr (SERVING)
+    store_o_rows_at<C>(p, OutRows{o_off, p.group, p.o_row_stride, p.o_head_stride}, sO, m0, warp,
+                       sq, lane);
+  else
+    store_o_rows<C>(p, o_off, sO, m0, warp, sq, lane);
 }
 
 }  // namespace sm75

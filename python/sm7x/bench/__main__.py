@@ -1,4 +1,4 @@
-"""``python -m sm7x.bench BENCHMARK [options]``; benchmarks: core, fa2 (sm7x.bench.<name>)."""
+"""``python -m sm7x.bench BENCHMARK [options]``; benchmarks: core, fa2, decode (sm7x.bench.<name>)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 BENCHMARKS = {
     "core": "sm7x core ops (rms_norm, ..., reshape_and_cache) vs plain torch",
     "fa2": "sm7x FA2 forward vs torch SDPA's memory-efficient backend",
+    "decode": "sm7x paged decode (split-KV) vs torch SDPA flash / memory-efficient",
 }
 
 

@@ -7,7 +7,13 @@ max_seqlen_k, ...)`` on packed ``[total_tokens, num_heads, head_dim]`` take flas
 to MAX_HEAD_DIM (kernels compiled for COMPILED_HEAD_DIMS; other sizes run padded); causal
 (bottom-right aligned when seqlen_q != seqlen_k, as flash-attn >= 2.1); sliding window;
 softcap; GQA/MQA (num_heads a multiple of num_kv_heads). Not supported: dropout (inference
-kernels: dropout_p must be 0), ALiBi, paged KV (block_table), backward.
+kernels: dropout_p must be 0), ALiBi, backward (inputs that require grad are refused).
+
+Serving (``_serving.py``): ``flash_attn_varlen_func(..., block_table=, seqused_k=)`` reads
+keys from a paged cache ``[num_blocks, page_size, num_kv_heads, head_dim]`` the way vLLM's
+flash-attn fork is called; ``flash_attn_with_kvcache`` is flash-attn 2.x's (append new
+k/v into a paged or contiguous cache, rotary, then attend); ``plan_decode`` plans the
+split-KV of a batch shape once, for calls that must be capturable in a CUDA graph.
 
 The library is chosen per call from the capability of the input tensor's device (see
 :func:`sm7x._select.select_fa2_library`; ``SM7X_FA2_FORCE=sm75`` forces one, e.g. to
@@ -31,7 +37,8 @@ except ImportError as exc:
 from .. import _select, _targets
 from . import _loader
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "MAX_HEAD_DIM", "COMPILED_HEAD_DIMS"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "plan_decode",
+           "DecodePlan", "MAX_HEAD_DIM", "COMPILED_HEAD_DIMS"]
 
 MAX_HEAD_DIM = _targets.fa2_max_head_dim()
 COMPILED_HEAD_DIMS = _targets.fa2_head_dims("sm75")  # both libraries compile the same list
@@ -74,7 +81,7 @@ def _check_tensor(name: str, t, fn: str) -> None:
         raise _select.dtype_error(str(t.dtype).replace("torch.", ""))
 
 
-def _check_unsupported(fn: str, dropout_p, alibi_slopes, block_table=None) -> None:
+def _check_unsupported(fn: str, dropout_p, alibi_slopes) -> None:
     if dropout_p != 0.0:
         raise NotImplementedError(
             f"sm7x.fa2.{fn}: dropout is not supported (inference kernels, forward only); "
@@ -84,11 +91,6 @@ def _check_unsupported(fn: str, dropout_p, alibi_slopes, block_table=None) -> No
         raise NotImplementedError(
             f"sm7x.fa2.{fn}: ALiBi is not supported; pass alibi_slopes=None (or use "
             f"torch.nn.functional.scaled_dot_product_attention with an explicit bias)"
-        )
-    if block_table is not None:
-        raise NotImplementedError(
-            f"sm7x.fa2.{fn}: paged KV (block_table) is not supported yet; pass "
-            f"block_table=None with contiguous k/v"
         )
 
 
@@ -137,11 +139,19 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
                          f"max_seqlen_{tensor} is {max_seqlen}; pass the longest length")
 
 
-def _prepare(fn: str, q, k, v):
-    """After validation: the library for q's device, kernel-readable q/k/v, and out."""
+def _prepare(fn: str, q, k, v, out=None):
+    """After validation: the library for q's device, kernel-readable q/k/v, and out (the
+    caller's, when it is one the kernels can write)."""
     _check_cuda(fn, q)
     ops = _ops_for(q)
     q, k, v = (_kernel_layout(t) for t in (q, k, v))
+    if out is not None:
+        _check_tensor("out", out, fn)
+        if out.shape != q.shape or out.device != q.device or _kernel_layout(out) is not out:
+            raise ValueError(f"sm7x.fa2.{fn}: out must be a contiguous float16 tensor of q's "
+                             f"shape {tuple(q.shape)} on {q.device}, got {tuple(out.shape)} on "
+                             f"{out.device}")
+        return ops, q, k, v, out
     return ops, q, k, v, torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
@@ -203,6 +213,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     fn = "flash_attn_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
     heads, kv_heads, hd = _check_qkv(fn, q, k, v, 4, "[batch, seqlen, num_heads, head_dim]")
+    _serving.check_no_grad(fn, q, k, v)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"sm7x.fa2.{fn}: q has batch {q.shape[0]} but k has {k.shape[0]}")
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
@@ -216,17 +227,37 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None,
+                           seqused_k=None, out=None, scheduler_metadata=None):
     """Attention over packed sequences: ``q [total_q, num_heads, head_dim]``, ``k``/``v``
     ``[total_k, num_kv_heads, head_dim]``; sequence ``i`` is ``q[cu_seqlens_q[i]:
     cu_seqlens_q[i+1]]`` (int32 ``[batch + 1]``). ``max_seqlen_q``/``max_seqlen_k`` must
     be at least the longest sequence (they size the grid). Returns ``out [total_q,
     num_heads, head_dim]``; with ``return_attn_probs`` ``(out, softmax_lse [num_heads,
     total_q] fp32, None)``.
+
+    Paged (vLLM's flash-attn fork's call): with ``block_table`` (int32 ``[batch,
+    max_blocks]``) ``k``/``v`` are the caches ``[num_blocks, page_size, num_kv_heads,
+    head_dim]`` (page_size a power of two; the layout ``sm7x.ops.reshape_and_cache``
+    writes) and the key counts come from ``seqused_k`` (int32 ``[batch]``; or the
+    differences of ``cu_seqlens_k``); ``max_seqlen_k`` bounds them. Several queries per
+    sequence (chunked prefill, speculative verification) use bottom-right causal masking.
+    ``out``: written in place when given. ``scheduler_metadata``: a :class:`DecodePlan`
+    from :func:`plan_decode` (no host sync, no workspace allocation: CUDA-graph capturable).
     """
     fn = "flash_attn_varlen_func"
-    _check_unsupported(fn, dropout_p, alibi_slopes, block_table)
+    _check_unsupported(fn, dropout_p, alibi_slopes)
+    if block_table is not None or seqused_k is not None:
+        return _serving.varlen_paged(
+            fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, return_lse=return_attn_probs, block_table=block_table,
+            seqused_k=seqused_k, out=out, scheduler_metadata=scheduler_metadata)
+    if scheduler_metadata is not None:
+        raise ValueError(f"sm7x.fa2.{fn}: scheduler_metadata plans calls over a KV cache; pass "
+                         f"it with block_table/seqused_k")
     heads, kv_heads, hd = _check_qkv(fn, q, k, v, 3, "[total_tokens, num_heads, head_dim]")
+    _serving.check_no_grad(fn, q, k, v)
     for name, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(c, torch.Tensor):
             raise TypeError(f"sm7x.fa2.{fn}: {name} must be a torch.Tensor, got "
@@ -250,8 +281,43 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
-    ops, q, k, v, out = _prepare(fn, q, k, v)
+    ops, q, k, v, out = _prepare(fn, q, k, v, out)
     lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)
     ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                    max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap)
     return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, scheduler_metadata=None):
+    """flash-attn 2.x's decoding call: ``q [batch, seqlen_q, num_heads, head_dim]`` against
+    a KV cache, contiguous ``[batch_cache, seqlen_cache, num_kv_heads, head_dim]`` or paged
+    ``[num_blocks, page_size, num_kv_heads, head_dim]`` with ``block_table [batch,
+    max_blocks]``.
+
+    ``k``/``v`` ``[batch, seqlen_new, num_kv_heads, head_dim]``: appended in place at
+    positions ``cache_seqlens[b] ..`` before attending (over ``cache_seqlens + seqlen_new``
+    keys). ``rotary_cos``/``rotary_sin`` ``[seqlen_ro, rotary_dim / 2]``: rotary on the new
+    k at its positions and on q at ``cache_seqlens + i`` (causal or local) or at
+    ``cache_seqlens`` (GPT-J pairs when ``rotary_interleaved``, else NeoX halves).
+    ``cache_batch_idx``: the cache row of each sequence; ``cache_leftpad``: keys before it
+    are ignored (contiguous cache only). ``num_splits``: 0 automatic split-KV, 1 none, n at
+    most n. Returns ``out`` (and ``softmax_lse [batch, num_heads, seqlen_q]`` with
+    ``return_softmax_lse``). The append and rotary are torch ops; the attention is one
+    sm7x call.
+    """
+    fn = "flash_attn_with_kvcache"
+    _check_unsupported(fn, 0.0, alibi_slopes)
+    return _serving.with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                 cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                 softmax_scale, causal, window_size, softcap,
+                                 rotary_interleaved, num_splits, return_softmax_lse,
+                                 scheduler_metadata)
+
+
+from . import _serving  # noqa: E402  (uses the helpers above)
+from ._serving import DecodePlan, plan_decode  # noqa: E402

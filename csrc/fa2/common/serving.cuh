@@ -1,0 +1,270 @@
+// What the serving instantiation of both kernels adds to the prefill one (fa2.h, "Serving"):
+// which sequence, kv head and key range a CTA works on (split-KV partitions), the packed
+// GQA rows (query token r / group of head hk * group + r % group), keys read from a paged
+// or contiguous cache, and where outputs go (final, or fp32 partials for common/combine.cuh).
+//
+// Every index that comes from device memory (cu_seqlens_q, seqused_k, block_table,
+// cache_batch_idx, k_start, partitions) is clamped to the tensors' extents before it
+// addresses anything: inside a CUDA graph the op cannot check them on the host, and a bad
+// value must give a wrong answer at worst, never a read or write out of bounds.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/bounds.cuh"
+#include "common/tile_io.cuh"
+#include "fa2.h"
+
+namespace sm7x {
+namespace fa2 {
+namespace detail {
+
+__device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return min(max(x, lo), hi); }
+
+// The work of CTA (partition z, kv head hk).
+struct ServingWork {
+  int b;             // sequence
+  int sq, rows;      // query tokens, packed rows (sq * group)
+  int sk;            // keys of the sequence (masks are aligned to it)
+  int kv_lo, kv_hi;  // this partition's keys, within [0, sk]
+  bool split;        // the sequence has several partitions: write partials
+  int64_t q_tok0;    // global index of the sequence's first query token (rows of q)
+  int64_t q_off;     // element offset of (first token, head hk * group) in p.q
+  int64_t k_off, v_off;     // contiguous cache: the sequence's first key; paged: kv head
+  const int32_t* pages;     // paged: the sequence's block_table row; else null
+};
+
+__device__ __forceinline__ ServingWork serving_work(const FwdParams& p, int z, int hk) {
+  ServingWork w;
+  const int32_t* part = p.partitions + 3 * (int64_t)z;
+  w.b = clamp_int(part[0], 0, p.batch - 1);
+  w.split = p.split_offsets[w.b + 1] - p.split_offsets[w.b] > 1 && p.o_accum != nullptr;
+  if (p.cu_seqlens_q != nullptr) {  // packed q [total_q, H, D]; seqlen_q: max_seqlen_q
+    const int qs = clamp_int(p.cu_seqlens_q[w.b], 0, p.total_q);
+    const int qe = clamp_int(p.cu_seqlens_q[w.b + 1], qs, p.total_q);
+    w.sq = min(qe - qs, p.seqlen_q);
+    w.q_tok0 = qs;
+    w.q_off = (int64_t)qs * p.q_row_stride;
+  } else {  // q [B, seqlen_q, H, D]
+    w.sq = p.seqlen_q;
+    w.q_tok0 = (int64_t)w.b * p.seqlen_q;
+    w.q_off = (int64_t)w.b * p.q_batch_stride;
+  }
+  w.q_off += (int64_t)hk * p.group * p.q_head_stride;
+  w.rows = w.sq * p.group;
+  int k0 = p.k_start != nullptr ? p.k_start[w.b] : 0;
+  int kend;
+  if (p.seqused_k != nullptr) {
+    kend = p.seqused_k[w.b] + p.seqused_add;
+  } else if (p.cu_seqlens_k != nullptr) {
+    kend = p.cu_seqlens_k[w.b + 1] - p.cu_seqlens_k[w.b];
+  } else {
+    kend = p.seqlen_k;
+  }
+  kend = clamp_int(kend, 0, p.kv_capacity);
+  k0 = clamp_int(k0, 0, kend);
+  w.sk = kend - k0;
+  w.kv_lo = clamp_int(part[1], 0, w.sk);
+  w.kv_hi = clamp_int(part[2], w.kv_lo, w.sk);
+  w.k_off = (int64_t)hk * p.k_head_stride;
+  w.v_off = (int64_t)hk * p.v_head_stride;
+  if (p.block_table != nullptr) {
+    w.pages = p.block_table + (int64_t)w.b * p.bt_stride;
+  } else {
+    w.pages = nullptr;
+    const int row = p.cache_batch_idx != nullptr
+                        ? clamp_int(p.cache_batch_idx[w.b], 0, p.num_pages - 1)
+                        : w.b;
+    w.k_off += (int64_t)row * p.k_batch_stride + (int64_t)k0 * p.k_row_stride;
+    w.v_off += (int64_t)row * p.v_batch_stride + (int64_t)k0 * p.v_row_stride;
+  }
+  return w;
+}
+
+// Element offset of packed row r (token r / group, head r % group of the kv head's group)
+// from ServingWork::q_off (and the same for the output, with o strides).
+__device__ __forceinline__ int64_t packed_row_offset(int r, int group, int64_t row_stride,
+                                                     int64_t head_stride) {
+  const int t = r / group;
+  return (int64_t)t * row_stride + (int64_t)(r - t * group) * head_stride;
+}
+
+// Keys come in two steps, so that the page-table read is off the critical path: the page
+// of each of a thread's tile rows is fetched one tile ahead (fetch_pages, an L2 hit in
+// flight during a whole iteration), and the rows of the next tile are then loaded
+// straight from the cache (load_cache_tile). C is a TileShape; LOADS its kTileLoads.
+template <class C, int LOADS>
+__device__ __forceinline__ void fetch_pages(int (&pg)[LOADS], const FwdParams& p,
+                                            const int32_t* pages, int n0, int n, int tid) {
+#pragma unroll
+  for (int i = 0; i < LOADS; ++i) {
+    int row, c;
+    tile_coord<C>(i, tid, row, c);
+    const int j = n0 + row;
+    pg[i] = pages != nullptr && j < n
+                ? clamp_int(__ldg(pages + (j >> p.page_shift)), 0, p.num_pages - 1)
+                : 0;
+  }
+}
+
+// Rows [n0, n0 + BC) of a cache tile (K or V: page_stride / row_stride are its strides)
+// into registers; rows >= n and chunks past the real head dim read as zeros. Paged: row j
+// is row j % page_size of page pg[i] (fetched for this tile); contiguous: j rows on.
+template <class C, int LOADS>
+__device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const __half* g,
+                                                const int (&pg)[LOADS], bool paged,
+                                                int page_shift, int64_t page_stride,
+                                                int64_t row_stride, int n0, int n,
+                                                int head_dim, int tid) {
+#pragma unroll
+  for (int i = 0; i < LOADS; ++i) {
+    int row, c;
+    tile_coord<C>(i, tid, row, c);
+    const int j = n0 + row;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (j < n && c * 8 < head_dim) {
+      const int64_t off = paged ? (int64_t)pg[i] * page_stride +
+                                      (int64_t)(j & ((1 << page_shift) - 1)) * row_stride
+                                : (int64_t)j * row_stride;
+      v = __ldg(reinterpret_cast<const uint4*>(g + off + c * 8));
+    }
+    r[i] = v;
+  }
+}
+
+// Row-offset functors for load_tile_rows (Q) / store_o_rows_at (O).
+struct PackedRows {
+  int group;
+  int64_t row_stride, head_stride;
+  __device__ __forceinline__ int64_t operator()(int r) const {
+    return packed_row_offset(r, group, row_stride, head_stride);
+  }
+};
+
+struct OutRows {
+  int64_t base;  // serving_out_offsets of (token 0, head hk * group)
+  int group;
+  int64_t row_stride, head_stride;
+  __device__ __forceinline__ int64_t operator()(int r) const {
+    return base + packed_row_offset(r, group, row_stride, head_stride);
+  }
+};
+
+// Key tiles of rows with tokens [first_tok, last_tok] inside the partition [kv_lo, kv_hi),
+// with the window applied (bottom-right aligned: off = sk - sq).
+template <int BC>
+__device__ __forceinline__ void serving_tiles(const FwdParams& p, const ServingWork& w,
+                                              int first_tok, int last_tok, int& t_lo,
+                                              int& t_hi) {
+  const int off = w.sk - w.sq;
+  int n_lo = w.kv_lo, n_hi = w.kv_hi;
+  if (p.window_left >= 0) n_lo = max(n_lo, first_tok + off - p.window_left);
+  if (p.window_right >= 0) n_hi = min(n_hi, last_tok + off + p.window_right + 1);
+  t_lo = n_lo / BC;
+  t_hi = n_hi > n_lo ? (n_hi + BC - 1) / BC : t_lo;
+}
+
+// Element offsets in p.o and p.lse of query token t, head h of sequence w.b.
+__device__ __forceinline__ void serving_out_offsets(const FwdParams& p, const ServingWork& w,
+                                                    int t, int h, int64_t& o_off,
+                                                    int64_t& lse_off) {
+  if (p.cu_seqlens_q != nullptr) {
+    o_off = (w.q_tok0 + t) * p.o_row_stride;
+    lse_off = w.q_tok0 + t;
+  } else {
+    o_off = (int64_t)w.b * p.o_batch_stride + (int64_t)t * p.o_row_stride;
+    lse_off = (int64_t)w.b * p.lse_batch_stride + t;
+  }
+  o_off += (int64_t)h * p.o_head_stride;
+  lse_off += (int64_t)h * p.lse_head_stride;
+}
+
+// Index of packed row r of (partition z, kv head hk) in lse_accum (times head_dim: o_accum).
+__device__ __forceinline__ int64_t accum_row(const FwdParams& p, int z, int hk, int r) {
+  return ((int64_t)z * p.kv_heads + hk) * p.accum_rows + r;
+}
+
+// A split's LSE: -inf for a row that saw no key in this partition, so that the combine
+// gives it weight 0.
+__device__ __forceinline__ float partial_lse(const FwdParams& p, float l, float row_max) {
+  const float scale_nat = p.softcap > 0.f ? 1.f : p.scale;
+  return l > 0.f ? row_max * scale_nat + __logf(l) : -INFINITY;
+}
+
+
+// What the key loop of either instantiation needs: Q/K/V bases, the rows of the sequence
+// (serving: packed rows), the key bound of loads and masks, the mask alignment, the key
+// tiles, and the first/last query position the masks see (serving: tokens). False when the
+// CTA's m-block starts past the rows (nothing to do).
+struct CtaWork {
+  const __half *qg, *kg, *vg;
+  int sq, sk, off, t_lo, t_hi, first_row, last_row;
+  ServingWork w;  // serving only
+};
+
+template <int BR, int BC, bool SERVING>
+__device__ __forceinline__ bool cta_work(const FwdParams& p, int b, int h, int m0, CtaWork& c) {
+  if constexpr (SERVING) {
+    c.w = serving_work(p, b, h);
+    c.sq = c.w.rows;
+    if (m0 >= c.sq) return false;
+    c.qg = static_cast<const __half*>(p.q) + c.w.q_off;
+    c.kg = static_cast<const __half*>(p.k) + c.w.k_off;
+    c.vg = static_cast<const __half*>(p.v) + c.w.v_off;
+    c.sk = c.w.kv_hi;
+    c.off = c.w.sk - c.w.sq;
+    c.first_row = m0 / p.group;
+    c.last_row = (min(m0 + BR, c.sq) - 1) / p.group;
+    serving_tiles<BC>(p, c.w, c.first_row, c.last_row, c.t_lo, c.t_hi);
+  } else {
+    const Sequence seq = sequence(p, b);
+    c.sq = seq.sq;
+    c.sk = seq.sk;
+    if (m0 >= c.sq) return false;
+    int64_t q_off, k_off, v_off;
+    head_offsets(p, seq, h, q_off, k_off, v_off);
+    c.qg = static_cast<const __half*>(p.q) + q_off;
+    c.kg = static_cast<const __half*>(p.k) + k_off;
+    c.vg = static_cast<const __half*>(p.v) + v_off;
+    const KeyTiles tiles = key_tiles<BR, BC>(p, m0, c.sq, c.sk);
+    c.off = tiles.off;
+    c.first_row = m0;
+    c.last_row = tiles.last_row;
+    c.t_lo = tiles.t_lo;
+    c.t_hi = tiles.t_hi;
+  }
+  return true;
+}
+
+// The Q tile (rows [m0, m0 + BR) of the sequence; serving: packed rows) -> registers.
+template <class C, bool SERVING>
+__device__ __forceinline__ void load_q(uint4 (&r)[C::kQLoads], const FwdParams& p,
+                                       const CtaWork& c, int m0, int tid) {
+  if constexpr (SERVING)
+    load_tile_rows<C>(r, c.qg, PackedRows{p.group, p.q_row_stride, p.q_head_stride}, m0, c.sq,
+                      p.head_dim, tid);
+  else
+    load_tile<C>(r, c.qg, p.q_row_stride, m0, c.sq, p.head_dim, tid);
+}
+
+// A K or V tile (g, batch_stride, row_stride: its base and strides) -> registers.
+// Serving: from the cache, pg holding the pages of this tile's rows (fetch_pages, one tile
+// ahead); prefill: rows n0 .. of the sequence.
+template <class C, bool SERVING, int LOADS, int PAGES>
+__device__ __forceinline__ void load_kv(uint4 (&r)[LOADS], const __half* g, const int (&pg)[PAGES],
+                                        const FwdParams& p, const CtaWork& c,
+                                        int64_t batch_stride, int64_t row_stride, int n0,
+                                        int tid) {
+  if constexpr (SERVING)
+    load_cache_tile<C>(r, g, pg, c.w.pages != nullptr, p.page_shift, batch_stride, row_stride,
+                       n0, c.sk, p.head_dim, tid);
+  else
+    load_tile<C>(r, g, row_stride, n0, c.sk, p.head_dim, tid);
+}
+
+}  // namespace detail
+}  // namespace fa2
+}  // namespace sm7x

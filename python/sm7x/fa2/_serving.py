@@ -1,0 +1,540 @@
+"""Serving entry points of sm7x.fa2: attention over a paged or contiguous KV cache (decode,
+chunked prefill, speculative verification), planned by ``sm7x._sched.split_kv_plan``.
+
+One op does all of it, ``fwd_serving`` of the arch's library (csrc/fa2/ops.cpp): the query
+heads of a GQA group are packed into one CTA's rows so each K/V tile is read once per
+group, and when batch x kv_heads CTAs cannot fill the GPU the keys of a sequence are split
+over several CTAs whose fp32 partials a combine kernel merges by their LSE.
+
+The split plan is made on the host from shapes only (an upper bound of the key count, never
+the lengths on the device), so it is made once per batch shape: :func:`plan_decode`
+returns it with its workspace, and a call that receives it (``scheduler_metadata=``) does
+no host sync and allocates nothing but its output (nothing with ``out=``): it can be
+captured in a CUDA graph and replayed with new cache contents and lengths up to the bound.
+Without a plan each call plans (cached per shape) and allocates its workspace.
+
+Values on the device (block_table entries, lengths, cu_seqlens_q) are checked by the op
+with one small kernel and a 16-byte copy back, except while a CUDA graph is captured; the
+kernels clamp every index, so a bad value can never make them read out of bounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import _targets
+from . import (_check_options, _check_tensor, _check_unsupported, _check_cuda, _device_info,
+               _kernel_layout, _ops_for, SUPPORTED_HEAD_DIMS)
+
+_MAX_SPLITS = 128
+# A partition walks at least this many key tiles: below it the prologue (Q tile, first
+# K/V tiles) and the partial's write-out cost more than the split gains.
+_MIN_TILES_PER_SPLIT = 8
+
+
+# ---------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass(eq=False)
+class DecodePlan:
+    """A split-KV plan and its workspace for one batch shape on one device (see the module
+    docstring). Pass it as ``scheduler_metadata=``; reuse it for every call of that shape
+    (one stream at a time: the workspace is the plan's)."""
+
+    arch: str
+    device: torch.device
+    batch_size: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_n: int
+    num_splits: tuple[int, ...]  # per sequence
+    partitions: torch.Tensor  # int32 [P, 3] (seq, kv_start, kv_end), on the device
+    split_offsets: torch.Tensor  # int32 [batch + 1]
+    o_accum: torch.Tensor  # float32 [P, kv_heads, max_seqlen_q * group, head_dim] or empty
+    lse_accum: torch.Tensor
+    waves: int = 0
+    _key: tuple = field(default=(), repr=False)
+
+    @property
+    def total_splits(self) -> int:
+        return int(self.partitions.shape[0])
+
+    def check(self, fn: str, key: tuple) -> None:
+        if key != self._key:
+            names = ("arch", "device", "batch_size", "max_seqlen_q", "max_seqlen_k (at most)",
+                     "num_heads", "num_kv_heads", "head_dim", "num_splits")
+            # a call's max_seqlen_k may be below the plan's; num_splits 0 takes the plan's
+            diffs = [f"{n}: plan {a!r}, call {b!r}" for n, a, b in zip(names, self._key, key)
+                     if a != b and not (n.startswith("max_seqlen_k") and b <= a)
+                     and not (n == "num_splits" and b == 0)]
+            if diffs:
+                raise ValueError(f"sm7x.fa2.{fn}: scheduler_metadata was planned for another "
+                                 f"shape ({'; '.join(diffs)}); make one with plan_decode for "
+                                 f"this batch")
+
+
+def _plan_key(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits) -> tuple:
+    return (arch, str(device), batch, sq, sk, heads, kv_heads, hd, num_splits)
+
+
+def _check_int(fn: str, name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"sm7x.fa2.{fn}: {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+@functools.lru_cache(maxsize=256)
+def _split_plan(batch, sq, sk, heads, kv_heads, block_m, block_n, slots, max_splits):
+    """sm7x._sched.split_kv_plan for a batch whose sequences hold at most sk keys. The
+    planner's "heads" are the CTAs of one partition (kv heads x m-blocks of packed rows),
+    its "SMs" the CTA slots of the device (SMs x resident CTAs of the serving kernel). Its
+    cost model has no per-split overhead, so the split count is capped where one wave
+    of CTAs fills the slots and where a partition would walk fewer than
+    _MIN_TILES_PER_SPLIT tiles."""
+    from array import array
+
+    from .. import _sched
+
+    m_blocks = max(1, math.ceil(sq * (heads // kv_heads) / block_m))
+    ctas = max(1, batch * kv_heads * m_blocks)
+    fill = max(1, math.ceil(slots / ctas))
+    longest = max(1, math.ceil(sk / block_n) // _MIN_TILES_PER_SPLIT)
+    plan = _sched.split_kv_plan(array("q", [sk] * batch), num_heads=kv_heads * m_blocks,
+                                num_sms=slots, block_n=block_n,
+                                max_splits=max(1, min(max_splits, fill, longest)))
+    return (tuple(plan.num_splits.tolist()), plan.split_offsets.tolist(),
+            plan.partitions.tolist(), int(plan.waves))
+
+
+def _make_plan(fn, arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits,
+               workspace: bool) -> DecodePlan:
+    # The op's rule (kServingWideRows): many rows per kv head run the prefill tiles.
+    rows = sq * (heads // kv_heads)
+    wide = rows > _targets.fa2_serving_wide_rows()
+    cfg = _targets.fa2_serving_kernel(arch, hd, rows)
+    if num_splits == 0:
+        slots = _cta_slots(arch, device, hd, wide)
+        splits, offsets, parts, waves = _split_plan(batch, sq, sk, heads, kv_heads,
+                                                    cfg["block_m"], cfg["block_n"], slots,
+                                                    _MAX_SPLITS)
+    else:  # the caller's count: at most n splits
+        splits, offsets, parts, waves = _split_plan(batch, sq, sk, heads, kv_heads,
+                                                    cfg["block_m"], cfg["block_n"], 1 << 30,
+                                                    num_splits)
+    i32 = dict(dtype=torch.int32, device=device)
+    partitions = torch.tensor(parts, **i32).reshape(-1, 3)
+    P = partitions.shape[0]
+    rows = sq * (heads // kv_heads)
+    f32 = dict(dtype=torch.float32, device=device)
+    if P > batch and workspace:
+        o_accum = torch.empty((P, kv_heads, rows, hd), **f32)
+        lse_accum = torch.empty((P, kv_heads, rows), **f32)
+    else:
+        o_accum = lse_accum = torch.empty(0, **f32)
+    return DecodePlan(arch, device, batch, sq, sk, heads, kv_heads, hd, cfg["block_n"], splits,
+                      partitions, torch.tensor(offsets, **i32), o_accum, lse_accum, waves,
+                      _plan_key(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits))
+
+
+@functools.lru_cache(maxsize=64)
+def _cta_slots(arch: str, device: torch.device, head_dim: int, wide: bool) -> int:
+    """SMs x resident CTAs of the serving kernel of head_dim (the library's occupancy
+    query, cudaOccupancyMaxActiveBlocksPerMultiprocessor)."""
+    ops = getattr(torch.ops, f"sm7x_fa2_{arch}")
+    per_sm = int(ops.serving_ctas_per_sm(device.index, head_dim, wide))
+    return torch.cuda.get_device_properties(device).multi_processor_count * max(1, per_sm)
+
+
+_plans_lock = threading.Lock()
+_plans: dict[tuple, DecodePlan] = {}  # per-shape plans of calls without scheduler_metadata
+
+
+def plan_decode(batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_kv_heads, head_dim, *,
+                device=None, num_splits=0) -> DecodePlan:
+    """Plans a serving call (decode, chunked prefill, verification) of this shape once:
+    ``batch_size`` sequences of at most ``max_seqlen_q`` query tokens and at most
+    ``max_seqlen_k`` keys (an upper bound: the kernels read the real lengths from the device)
+    with ``num_heads`` query and ``num_kv_heads`` kv heads of ``head_dim``. ``num_splits``:
+    0 lets sm7x._sched.split_kv_plan choose, 1 never splits, n splits a sequence at most n
+    ways. Returns a :class:`DecodePlan` holding the plan and its workspace on ``device``."""
+    fn = "plan_decode"
+    batch = _check_int(fn, "batch_size", batch_size, 0)
+    sq = _check_int(fn, "max_seqlen_q", max_seqlen_q, 0)
+    sk = _check_int(fn, "max_seqlen_k", max_seqlen_k, 0)
+    heads = _check_int(fn, "num_heads", num_heads, 1)
+    kv_heads = _check_int(fn, "num_kv_heads", num_kv_heads, 1)
+    hd = _check_int(fn, "head_dim", head_dim, 1)
+    splits = _check_int(fn, "num_splits", num_splits, 0)
+    if heads % kv_heads:
+        raise ValueError(f"sm7x.fa2.{fn}: num_heads ({heads}) must be a multiple of "
+                         f"num_kv_heads ({kv_heads}) (GQA/MQA)")
+    if hd not in SUPPORTED_HEAD_DIMS:
+        from .. import _select
+        raise _select.head_dim_error(hd, SUPPORTED_HEAD_DIMS)
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"sm7x.fa2.{fn}: device must be a CUDA device, got {device}")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    arch = _arch_of(torch.empty(0, device=device))
+    return _make_plan(fn, arch, device, batch, sq, sk, heads, kv_heads, hd, splits, True)
+
+
+def _arch_of(t: torch.Tensor) -> str:
+    return _ops_for(t).name.removeprefix("sm7x_fa2_")
+
+
+def _check_plan_type(fn: str, given) -> None:
+    if given is not None and not isinstance(given, DecodePlan):
+        raise TypeError(f"sm7x.fa2.{fn}: scheduler_metadata must be a DecodePlan from "
+                        f"sm7x.fa2.plan_decode, got {type(given).__name__}")
+
+
+def _plan_for(fn, ops, q, batch, sq, sk, heads, kv_heads, hd, num_splits, given):
+    arch = ops.name.removeprefix("sm7x_fa2_")
+    key = _plan_key(arch, q.device, batch, sq, sk, heads, kv_heads, hd, num_splits)
+    if given is not None:
+        given.check(fn, key)
+        return given, given.o_accum, given.lse_accum
+    with _plans_lock:
+        plan = _plans.get(key)
+        if plan is None:
+            if len(_plans) > 256:
+                _plans.clear()
+            plan = _plans[key] = _make_plan(fn, arch, q.device, batch, sq, sk, heads, kv_heads,
+                                            hd, num_splits, False)
+    if plan.total_splits > batch:  # workspace per call: cached plans may serve several streams
+        rows = sq * (heads // kv_heads)
+        o_accum = torch.empty((plan.total_splits, kv_heads, rows, hd), dtype=torch.float32,
+                              device=q.device)
+        lse_accum = torch.empty((plan.total_splits, kv_heads, rows), dtype=torch.float32,
+                                device=q.device)
+        return plan, o_accum, lse_accum
+    return plan, plan.o_accum, plan.lse_accum
+
+
+# ---------------------------------------------------------------------------------------
+# Validation of the serving arguments (shapes and dtypes: before any library is loaded)
+
+
+def check_no_grad(fn: str, *tensors) -> None:
+    """The kernels are forward-only: an input that requires grad would get a silently
+    detached output."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in tensors):
+        raise RuntimeError(
+            f"sm7x.fa2.{fn}: an input requires grad, but sm7x's FA2 kernels are forward-only "
+            f"(no backward): call it under torch.no_grad() / torch.inference_mode(), or pass "
+            f"detached tensors (.detach())")
+
+
+def _check_index(fn: str, name: str, t, q, shape: tuple) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"sm7x.fa2.{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"sm7x.fa2.{fn}: {name} has dtype {t.dtype}; it must be torch.int32 "
+                        f"(cast with .int())")
+    if t.dim() != len(shape) or any(s is not None and a != s for a, s in zip(t.shape, shape)):
+        want = ", ".join("*" if s is None else str(s) for s in shape)
+        raise ValueError(f"sm7x.fa2.{fn}: {name} must have shape [{want}], got "
+                         f"{tuple(t.shape)}")
+    if t.device != q.device:
+        raise ValueError(f"sm7x.fa2.{fn}: {name} is on {t.device} but q is on {q.device}; move "
+                         f"it with .to(q.device)")
+
+
+def _check_cache(fn: str, q, k_cache, v_cache, paged: bool) -> tuple[int, int, int]:
+    """k_cache/v_cache against q ([..., num_heads, head_dim]); returns heads, kv_heads, hd."""
+    layout = ("[num_blocks, page_size, num_kv_heads, head_dim]" if paged
+              else "[batch_cache, seqlen_cache, num_kv_heads, head_dim]")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, t, fn)
+        if t.dim() != 4:
+            raise ValueError(f"sm7x.fa2.{fn}: {name} must be 4-D {layout}, got shape "
+                             f"{tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"sm7x.fa2.{fn}: {name} is on {t.device} but q is on {q.device}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"sm7x.fa2.{fn}: k_cache {tuple(k_cache.shape)} and v_cache "
+                         f"{tuple(v_cache.shape)} must have the same shape")
+    hd, heads, kv_heads = q.shape[-1], q.shape[-2], k_cache.shape[2]
+    if k_cache.shape[3] != hd:
+        raise ValueError(f"sm7x.fa2.{fn}: q has head_dim {hd} but k_cache has "
+                         f"{k_cache.shape[3]}")
+    if hd not in SUPPORTED_HEAD_DIMS:
+        from .. import _select
+        raise _select.head_dim_error(hd, SUPPORTED_HEAD_DIMS)
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"sm7x.fa2.{fn}: num_heads ({heads}) must be a multiple of "
+                         f"num_kv_heads ({kv_heads}) (GQA/MQA)")
+    if paged:
+        ps = k_cache.shape[1]
+        if ps <= 0 or ps & (ps - 1):
+            raise ValueError(f"sm7x.fa2.{fn}: page_size (k_cache.shape[1]) is {ps}; the "
+                             f"kernels support powers of two (16, 32, 64, 128, ...)")
+    return heads, kv_heads, hd
+
+
+def _cache_layout(fn: str, name: str, t: torch.Tensor) -> None:
+    """A cache is never copied (appends must land in it, and copying it would cost more
+    than the call): refuse one the kernels cannot read in place."""
+    if _kernel_layout(t) is not t:
+        raise ValueError(f"sm7x.fa2.{fn}: {name} (strides {t.stride()}) must have a contiguous "
+                         f"last dim, other strides multiples of 8 and 16-byte aligned data; "
+                         f"allocate the cache contiguous")
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_current_stream_capturing()
+
+
+# ---------------------------------------------------------------------------------------
+# The call
+
+
+def _run(fn, ops, q, k_cache, v_cache, out, lse, *, cu_seqlens_q, seqused_k, cu_seqlens_k,
+         block_table, cache_batch_idx, leftpad, batch, max_seqlen_q, seqlen_k_bound,
+         seqused_add, scale, causal, left, right, softcap, num_splits, plan):
+    heads, kv_heads, hd = q.shape[-2], k_cache.shape[2], q.shape[-1]
+    plan, o_accum, lse_accum = _plan_for(fn, ops, q, batch, max_seqlen_q, seqlen_k_bound, heads,
+                                         kv_heads, hd, num_splits, plan)
+    ops.fwd_serving(q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k, cu_seqlens_k,
+                    block_table, cache_batch_idx, leftpad, plan.partitions, plan.split_offsets,
+                    o_accum, lse_accum, max_seqlen_q, seqlen_k_bound, seqused_add, scale, causal,
+                    left, right, softcap)
+    return plan
+
+
+def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                 softmax_scale, causal, window_size, softcap, return_lse, block_table,
+                 seqused_k, out, scheduler_metadata):
+    """flash_attn_varlen_func over a paged cache (vLLM's flash-attn fork's call)."""
+    paged = block_table is not None
+    _check_tensor("q", q, fn)
+    if q.dim() != 3:
+        raise ValueError(f"sm7x.fa2.{fn}: q must be 3-D [total_q, num_heads, head_dim], got "
+                         f"shape {tuple(q.shape)}")
+    heads, kv_heads, hd = _check_cache(fn, q, k, v, paged)
+    _check_index(fn, "cu_seqlens_q", cu_seqlens_q, q, (None,))
+    batch = cu_seqlens_q.shape[0] - 1
+    if batch < 0:
+        raise ValueError(f"sm7x.fa2.{fn}: cu_seqlens_q must have batch + 1 >= 1 entries")
+    if paged:
+        _check_index(fn, "block_table", block_table, q, (batch, None))
+    if seqused_k is not None:
+        _check_index(fn, "seqused_k", seqused_k, q, (batch,))
+    elif cu_seqlens_k is not None:
+        _check_index(fn, "cu_seqlens_k", cu_seqlens_k, q, (batch + 1,))
+    else:
+        raise ValueError(f"sm7x.fa2.{fn}: with block_table pass seqused_k (int32 [batch], the "
+                         f"key count of each sequence) or cu_seqlens_k")
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    if max_seqlen_q < 0 or max_seqlen_k < 0:
+        raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_q/max_seqlen_k must be >= 0")
+    capacity = block_table.shape[1] * k.shape[1] if paged else k.shape[1]
+    if max_seqlen_k > capacity:
+        raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_k ({max_seqlen_k}) is larger than the "
+                         f"cache holds per sequence ({capacity})")
+    if out is not None:
+        _check_tensor("out", out, fn)
+        if out.shape != q.shape or out.device != q.device:
+            raise ValueError(f"sm7x.fa2.{fn}: out must have q's shape {tuple(q.shape)} on "
+                             f"{q.device}, got {tuple(out.shape)} on {out.device}")
+    check_no_grad(fn, q, k, v)
+    _check_plan_type(fn, scheduler_metadata)
+    scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
+                                                         window_size, softcap)
+    _check_cuda(fn, q)
+    ops = _ops_for(q)
+    for name, t in (("k_cache", k), ("v_cache", v)):
+        _cache_layout(fn, name, t)
+    q = _kernel_layout(q)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    else:
+        _cache_layout(fn, "out", out)
+    lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)
+    _run(fn, ops, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
+         cu_seqlens_k=cu_seqlens_k if seqused_k is None else None, block_table=block_table,
+         cache_batch_idx=None, leftpad=None, batch=batch, max_seqlen_q=max_seqlen_q,
+         seqlen_k_bound=max_seqlen_k, seqused_add=0, scale=scale, causal=causal, left=left,
+         right=right, softcap=softcap, num_splits=0, plan=scheduler_metadata)
+    return (out, lse, None) if return_lse else out
+
+
+def _rotary(x, cos, sin, pos, interleaved: bool):
+    """x [B, S, H, D] rotated at positions pos [B, S] (flash-attn's apply_rotary: the first
+    rotary_dim = 2 * cos.shape[1] channels; GPT-J pairs when interleaved, else NeoX halves);
+    fp32 math, fp16 result."""
+    rd = cos.shape[1] * 2
+    c = cos[pos].float().unsqueeze(2)  # [B, S, 1, rd/2]
+    s = sin[pos].float().unsqueeze(2)
+    xr = x[..., :rd].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :rd // 2], xr[..., rd // 2:]
+        rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rot.to(x.dtype), x[..., rd:]), dim=-1)
+
+
+def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                 cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                 softcap, rotary_interleaved, num_splits, return_softmax_lse,
+                 scheduler_metadata):
+    """flash-attn 2.x's flash_attn_with_kvcache (see sm7x.fa2.flash_attn_with_kvcache)."""
+    paged = block_table is not None
+    _check_tensor("q", q, fn)
+    if q.dim() != 4:
+        raise ValueError(f"sm7x.fa2.{fn}: q must be 4-D [batch, seqlen_q, num_heads, head_dim], "
+                         f"got shape {tuple(q.shape)}")
+    heads, kv_heads, hd = _check_cache(fn, q, k_cache, v_cache, paged)
+    batch, sq = q.shape[0], q.shape[1]
+    if paged:
+        _check_index(fn, "block_table", block_table, q, (batch, None))
+        for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+            if t is not None:
+                raise ValueError(f"sm7x.fa2.{fn}: {name} applies to a contiguous cache; with "
+                                 f"block_table the table already maps each sequence's keys")
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is not None:
+            _check_index(fn, "cache_batch_idx", cache_batch_idx, q, (batch,))
+        elif k_cache.shape[0] < batch:
+            raise ValueError(f"sm7x.fa2.{fn}: k_cache has {k_cache.shape[0]} rows for a batch of "
+                             f"{batch}; pass cache_batch_idx or a cache with a row per sequence")
+        if cache_leftpad is not None:
+            _check_index(fn, "cache_leftpad", cache_leftpad, q, (batch,))
+    if (k is None) != (v is None):
+        raise ValueError(f"sm7x.fa2.{fn}: pass both k and v (the new tokens) or neither")
+    seqlen_new = 0
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            _check_tensor(name, t, fn)
+            if t.dim() != 4 or t.shape[0] != batch or t.shape[2:] != k_cache.shape[2:]:
+                raise ValueError(f"sm7x.fa2.{fn}: {name} must be [batch={batch}, seqlen_new, "
+                                 f"num_kv_heads={kv_heads}, head_dim={hd}], got "
+                                 f"{tuple(t.shape)}")
+        if k.shape != v.shape:
+            raise ValueError(f"sm7x.fa2.{fn}: k {tuple(k.shape)} and v {tuple(v.shape)} must "
+                             f"have the same shape")
+        seqlen_new = k.shape[1]
+        if cache_seqlens is None:
+            raise ValueError(f"sm7x.fa2.{fn}: appending k/v needs cache_seqlens (where each "
+                             f"sequence's new tokens go)")
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if not 0 <= cache_seqlens <= capacity:
+            raise ValueError(f"sm7x.fa2.{fn}: cache_seqlens={cache_seqlens} is outside [0, "
+                             f"{capacity}] (the cache's keys per sequence)")
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    elif cache_seqlens is not None:
+        _check_index(fn, "cache_seqlens", cache_seqlens, q, (batch,))
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError(f"sm7x.fa2.{fn}: pass both rotary_cos and rotary_sin or neither")
+    if rotary_cos is not None:
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape != rotary_cos.shape:
+                raise ValueError(f"sm7x.fa2.{fn}: rotary_cos and rotary_sin must both be "
+                                 f"[seqlen_ro, rotary_dim / 2]")
+            if t.device != q.device:
+                raise ValueError(f"sm7x.fa2.{fn}: {name} is on {t.device} but q is on "
+                                 f"{q.device}")
+        if not 0 < 2 * rotary_cos.shape[1] <= hd:
+            raise ValueError(f"sm7x.fa2.{fn}: rotary_dim (2 * rotary_cos.shape[1] = "
+                             f"{2 * rotary_cos.shape[1]}) must be in (0, head_dim={hd}]")
+        if cache_seqlens is None:
+            raise ValueError(f"sm7x.fa2.{fn}: rotary needs cache_seqlens (the positions)")
+    num_splits = int(num_splits)
+    if num_splits < 0:
+        raise ValueError(f"sm7x.fa2.{fn}: num_splits must be >= 0 (0: automatic), got "
+                         f"{num_splits}")
+    check_no_grad(fn, q, k_cache, v_cache, k, v)
+    _check_plan_type(fn, scheduler_metadata)
+    scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
+                                                         window_size, softcap)
+    _check_cuda(fn, q)
+    ops = _ops_for(q)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _cache_layout(fn, name, t)
+    if k is not None or rotary_cos is not None:
+        positions = cache_seqlens.long()[:, None] + torch.arange(
+            max(seqlen_new, sq), device=q.device)  # [B, max(Sn, Sq)]
+        if not _capturing():
+            _check_positions(fn, positions[:, :seqlen_new], capacity, block_table, k_cache,
+                             rotary_cos)
+        if rotary_cos is not None:
+            seqlen_ro = rotary_cos.shape[0]
+            # q: at cache_seqlens + i when causal or local, else all at cache_seqlens
+            qpos = positions[:, :sq] if (causal or left >= 0 or right >= 0) else \
+                positions[:, :1].expand(batch, sq)
+            if not _capturing() and sq and int(qpos.max()) >= seqlen_ro:
+                raise ValueError(f"sm7x.fa2.{fn}: rotary_cos has {seqlen_ro} positions but q "
+                                 f"needs position {int(qpos.max())}")
+            q = _rotary(q, rotary_cos, rotary_sin, qpos.clamp(0, seqlen_ro - 1),
+                        rotary_interleaved)
+            if k is not None:
+                k = _rotary(k, rotary_cos, rotary_sin,
+                            positions[:, :seqlen_new].clamp(0, seqlen_ro - 1), rotary_interleaved)
+        if k is not None:
+            _append(k_cache, v_cache, k, v, positions[:, :seqlen_new], capacity, block_table,
+                    cache_batch_idx)
+    q = _kernel_layout(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, sq), dtype=torch.float32, device=q.device)
+    _run(fn, ops, q, k_cache, v_cache, out, lse, cu_seqlens_q=None, seqused_k=cache_seqlens,
+         cu_seqlens_k=None, block_table=block_table, cache_batch_idx=cache_batch_idx,
+         leftpad=cache_leftpad, batch=batch, max_seqlen_q=sq, seqlen_k_bound=capacity,
+         seqused_add=seqlen_new, scale=scale, causal=causal, left=left, right=right,
+         softcap=softcap, num_splits=num_splits, plan=scheduler_metadata)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _check_positions(fn, pos, capacity, block_table, k_cache, rotary_cos) -> None:
+    """Before anything is written: every appended position inside the cache and on a page
+    of it (one host sync; skipped while a CUDA graph is captured, where _append clamps)."""
+    if pos.numel() == 0:
+        return
+    bad_len = (pos < 0) | (pos >= capacity)
+    if bad_len.any():
+        b = int(bad_len.any(1).nonzero()[0, 0])
+        raise ValueError(f"sm7x.fa2.{fn}: sequence {b} would append up to position "
+                         f"{int(pos[b].max())} but the cache holds {capacity} keys per sequence "
+                         f"(cache_seqlens + seqlen_new must be <= {capacity})")
+    if block_table is not None:
+        ps = k_cache.shape[1]
+        pages = block_table.gather(1, pos // ps)
+        bad = (pages < 0) | (pages >= k_cache.shape[0])
+        if bad.any():
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"sm7x.fa2.{fn}: block_table[{b}, {int(pos[b, j]) // ps}] = "
+                             f"{int(pages[b, j])} is not a page of k_cache (num_blocks "
+                             f"{k_cache.shape[0]}); entries must be in [0, {k_cache.shape[0]})")
+
+
+def _append(k_cache, v_cache, k, v, pos, capacity, block_table, cache_batch_idx) -> None:
+    """Writes the new tokens into the cache in place (indices clamped into the cache, so a
+    bad value under graph capture cannot write out of bounds)."""
+    pos = pos.clamp(0, max(capacity - 1, 0))
+    if block_table is not None:
+        ps, n = k_cache.shape[1], k_cache.shape[0]
+        pages = block_table.gather(1, pos // ps).long().clamp(0, n - 1)
+        slots = (pages * ps + pos % ps).flatten()
+        for cache, new in ((k_cache, k), (v_cache, v)):
+            cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, new.flatten(0, 1))
+    else:
+        rows = (cache_batch_idx.long().clamp(0, k_cache.shape[0] - 1) if cache_batch_idx is not None
+                else torch.arange(k.shape[0], device=k.device))
+        rows = rows[:, None].expand_as(pos)
+        for cache, new in ((k_cache, k), (v_cache, v)):
+            cache[rows, pos] = new
