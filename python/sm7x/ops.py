@@ -89,7 +89,6 @@ def _register_fakes() -> None:
                 raise
 
 
-@torch.compiler.assume_constant_result
 def load_library() -> bool:
     """Loads the core library and registers the fake kernels (once; thread-safe).
 
@@ -107,6 +106,14 @@ def load_library() -> bool:
             _register_fakes()
             _ready = True
     return True
+
+
+# What torch.compiler.assume_constant_result(load_library) does (it sets this attribute,
+# torch/_dynamo/decorators.py), without the decorator's import of torch._dynamo: that
+# import made `import sm7x.ops` cost about 3 s on top of torch's own. Dynamo reads the mark
+# when it traces a call (tests/unit/test_core_ops.py checks that a first call inside
+# torch.compile(fullgraph=True) still causes no graph break).
+load_library._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------

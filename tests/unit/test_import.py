@@ -60,3 +60,27 @@ def test_import_ignores_native_files_in_package(tmp_path):
     # PYTHONPATH and import the real package instead of this copy.
     out = _probe(["sm7x", "sm7x.doctor"], env=env, flags=("-S",))
     assert out.strip() == f"OK {os.path.realpath(pkg)}"
+
+
+# What sm7x's torch-facing modules import on top of torch itself, in a fresh interpreter.
+# torch._dynamo is what once made `import sm7x.ops` take about 3 s more than torch (the
+# torch.compiler.assume_constant_result decorator imports it): none of these may need it.
+TORCH_PROBE = r"""
+import sys
+import torch
+before = set(sys.modules)
+for name in sys.argv[1:]:
+    __import__(name)
+heavy = sorted(n for n in set(sys.modules) - before
+               if n.startswith(("torch._dynamo", "torch._inductor", "numpy", "sympy")))
+assert not heavy, f"imported on top of torch: {heavy[:8]}"
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("module", ["sm7x.ops", "sm7x.fa2", "sm7x.bench"])
+def test_torch_modules_import_nothing_heavy_beyond_torch(module):
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", TORCH_PROBE, module],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]
