@@ -77,6 +77,32 @@ def test_api_refuses_cpu_tensors_with_a_clear_error(env):
     assert "CUDA" in out, out
 
 
+# The op itself (C++ check, no Python wrapper) on CPU tensors: its message names the op and
+# the argument, and the source location it carries is relative, not the build directory.
+OP_CALL = r"""
+import torch, sm7x.fa2._loader as loader, sm7x._select as select
+dev = select.Device(0, "Tesla T4", (7, 5))
+for arch in ("sm75", "sm70"):
+    ns = loader.load(select.Selection(arch, "test"), dev)
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 8)
+    try:
+        getattr(torch.ops, ns).fwd(q, q, q, q.clone(), lse, 0.125, False, -1, -1, 0.0)
+    except RuntimeError as exc:
+        print("MSG", str(exc).splitlines()[0])
+"""
+
+
+def test_op_errors_name_the_op_and_no_build_path(env):
+    out = run(env, "-c", OP_CALL)
+    lines = [line for line in out.splitlines() if line.startswith("MSG")]
+    assert len(lines) == 2, out
+    for arch, line in zip(("sm75", "sm70"), lines):
+        assert f"sm7x.fa2_{arch}.fwd: q must be a CUDA tensor" in line, line
+        assert "csrc/fa2/ops.cpp" in line, line
+        assert not re.search(r"[\s,]/[^\s,:]+/csrc/", line), f"a build path in {line!r}"
+
+
 def res_usage(text: str) -> dict[str, dict]:
     """cuobjdump -res-usage: per kernel (mangled name) REG, STACK, SHARED, LOCAL."""
     kernels, name = {}, None
