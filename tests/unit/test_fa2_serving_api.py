@@ -321,3 +321,17 @@ def _plan_error(match, **changes):
 ], ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else "")
 def test_plan_decode_argument_errors(changes, match):
     _plan_error(match, **changes)
+
+
+def test_out_that_overlaps_itself_or_an_input_is_refused():
+    kw = paged_varlen()
+    q = kw["q"]
+    expanded = torch.zeros(1, q.shape[1], q.shape[2], dtype=F16).expand(q.shape)
+    with raises(ValueError, match="out .* has elements that overlap"):
+        call_varlen(out=expanded)
+    # out as a view into the key cache: the kernels would overwrite keys they still read
+    k = kw["k"]
+    with raises(ValueError, match="out overlaps k_cache"):
+        call_varlen(k=k, out=k.view(-1, q.shape[1], q.shape[2])[: q.shape[0]])
+    with raises(ValueError, match="out overlaps q"):
+        call_varlen(q=q, out=q)

@@ -139,6 +139,30 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
                          f"max_seqlen_{tensor} is {max_seqlen}; pass the longest length")
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] byte address a tensor's elements occupy."""
+    if t.numel() == 0:
+        return (0, -1)
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
+    return (t.data_ptr(), t.data_ptr() + last + t.element_size() - 1)
+
+
+def _check_out_alias(fn: str, out: torch.Tensor, **inputs) -> None:
+    """A caller's out= must not overlap itself (an expanded tensor: rows written twice) or
+    any input the kernels still read while it is written (keys, values, the cache)."""
+    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
+        raise ValueError(f"sm7x.fa2.{fn}: out {tuple(out.shape)} with strides {out.stride()} "
+                         f"has elements that overlap (an expanded tensor); pass a fresh one")
+    o0, o1 = _span(out)
+    for name, t in inputs.items():
+        if t is None:
+            continue
+        a0, a1 = _span(t)
+        if a0 <= o1 and o0 <= a1:
+            raise ValueError(f"sm7x.fa2.{fn}: out overlaps {name} in memory; the kernels read "
+                             f"{name} while they write out: pass a separate out tensor")
+
+
 def _prepare(fn: str, q, k, v, out=None):
     """After validation: the library for q's device, kernel-readable q/k/v, and out (the
     caller's, when it is one the kernels can write)."""
@@ -151,6 +175,7 @@ def _prepare(fn: str, q, k, v, out=None):
             raise ValueError(f"sm7x.fa2.{fn}: out must be a contiguous float16 tensor of q's "
                              f"shape {tuple(q.shape)} on {q.device}, got {tuple(out.shape)} on "
                              f"{out.device}")
+        _check_out_alias(fn, out, q=q, k=k, v=v)
         return ops, q, k, v, out
     return ops, q, k, v, torch.empty(q.shape, dtype=q.dtype, device=q.device)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _targets
-from . import (_check_options, _check_tensor, _check_unsupported, _check_cuda, _device_info,
+from . import (_check_options, _check_out_alias, _check_tensor, _check_unsupported, _check_cuda,
                _kernel_layout, _ops_for, SUPPORTED_HEAD_DIMS)
 
 _MAX_SPLITS = 128
@@ -349,6 +349,8 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         if out.shape != q.shape or out.device != q.device:
             raise ValueError(f"sm7x.fa2.{fn}: out must have q's shape {tuple(q.shape)} on "
                              f"{q.device}, got {tuple(out.shape)} on {out.device}")
+        _check_out_alias(fn, out, q=q, k_cache=k, v_cache=v, block_table=block_table,
+                         seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q)
     check_no_grad(fn, q, k, v)
     _check_plan_type(fn, scheduler_metadata)
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
