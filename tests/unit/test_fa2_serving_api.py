@@ -335,3 +335,13 @@ def test_out_that_overlaps_itself_or_an_input_is_refused():
         call_varlen(k=k, out=k.view(-1, q.shape[1], q.shape[2])[: q.shape[0]])
     with raises(ValueError, match="out overlaps q"):
         call_varlen(q=q, out=q)
+
+
+def test_out_interleaved_with_an_input_but_disjoint_is_accepted():
+    # out and q as column slices of one buffer: their spans interleave, no element is
+    # shared, so the call gets as far as the CUDA check
+    kw = paged_varlen()
+    t, h, d = kw["q"].shape
+    buf = torch.zeros(t, 2, h, d, dtype=F16)
+    with pytest.raises(ValueError, match="CUDA tensors only"):
+        call_varlen(q=buf[:, 0], out=buf[:, 1])

@@ -149,7 +149,10 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 
 def _check_out_alias(fn: str, out: torch.Tensor, **inputs) -> None:
     """A caller's out= must not overlap itself (an expanded tensor: rows written twice) or
-    any input the kernels still read while it is written (keys, values, the cache)."""
+    any input the kernels still read while it is written (keys, values, the cache). As in
+    torch's own out= checks, only an overlap that is certain is refused: the byte spans
+    intersect and both tensors are contiguous. Strided views whose spans interleave (q and
+    k as column slices of one qkv buffer) may not share an element, and pass."""
     if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
         raise ValueError(f"sm7x.fa2.{fn}: out {tuple(out.shape)} with strides {out.stride()} "
                          f"has elements that overlap (an expanded tensor); pass a fresh one")
@@ -158,7 +161,7 @@ def _check_out_alias(fn: str, out: torch.Tensor, **inputs) -> None:
         if t is None:
             continue
         a0, a1 = _span(t)
-        if a0 <= o1 and o0 <= a1:
+        if a0 <= o1 and o0 <= a1 and out.is_contiguous() and t.is_contiguous():
             raise ValueError(f"sm7x.fa2.{fn}: out overlaps {name} in memory; the kernels read "
                              f"{name} while they write out: pass a separate out tensor")
 
