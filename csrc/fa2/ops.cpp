@@ -86,6 +86,16 @@ std::string head_dims_text() {
   return text;
 }
 
+// A head dim the kernels run, and query heads a multiple of the kv heads (GQA/MQA).
+void check_heads(const char* op, int64_t hd, int64_t heads, int64_t kv_heads) {
+  FA2_CHECK(hd > 0 && hd % kHeadDimMultiple == 0 && hd <= kMaxHeadDim, op, "head dim ", hd,
+            " is not supported: it must be a multiple of ", kHeadDimMultiple, " and at most ",
+            kMaxHeadDim, " (kernels are compiled for ", head_dims_text(),
+            "; other sizes run padded)");
+  FA2_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, "num_heads (", heads,
+            ") must be a multiple of num_kv_heads (", kv_heads, ") for GQA/MQA");
+}
+
 struct Common {
   int heads, kv_heads, head_dim;
 };
@@ -106,15 +116,10 @@ Common check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor&
   FA2_CHECK(k.size(nd - 1) == hd && v.size(nd - 1) == hd, op,
             "q, k and v must have the same head dim, got q ", shape_str(q), ", k ",
             shape_str(k), ", v ", shape_str(v));
-  FA2_CHECK(hd > 0 && hd % kHeadDimMultiple == 0 && hd <= kMaxHeadDim, op, "head dim ", hd,
-            " is not supported: it must be a multiple of ", kHeadDimMultiple, " and at most ",
-            kMaxHeadDim, " (kernels are compiled for ", head_dims_text(),
-            "; other sizes run padded)");
   const int64_t heads = q.size(nd - 2), kv_heads = k.size(nd - 2);
   FA2_CHECK(v.size(nd - 2) == kv_heads, op, "k has ", kv_heads, " heads but v has ",
             v.size(nd - 2), "; they must match");
-  FA2_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, "num_heads (", heads,
-            ") must be a multiple of num_kv_heads (", kv_heads, ") for GQA/MQA");
+  check_heads(op, hd, heads, kv_heads);
   for (int64_t d = 0; d < lead; ++d)
     FA2_CHECK(k.size(d) == v.size(d), op, "k ", shape_str(k), " and v ", shape_str(v),
               " must agree in every dim but the last");
@@ -366,11 +371,7 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   const int64_t hd = q.size(qd - 1), heads = q.size(qd - 2), kv_heads = k_cache.size(2);
   FA2_CHECK(k_cache.size(3) == hd, op, "q has head dim ", hd, " but k_cache has ",
             k_cache.size(3));
-  FA2_CHECK(hd > 0 && hd % kHeadDimMultiple == 0 && hd <= kMaxHeadDim, op, "head dim ", hd,
-            " is not supported: it must be a multiple of ", kHeadDimMultiple, " and at most ",
-            kMaxHeadDim, " (kernels are compiled for ", head_dims_text(), ")");
-  FA2_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, "num_heads (", heads,
-            ") must be a multiple of num_kv_heads (", kv_heads, ") for GQA/MQA");
+  check_heads(op, hd, heads, kv_heads);
   for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k_cache", &k_cache},
                       {"v_cache", &v_cache}, {"out", &out}})
     check_layout(op, n, *t);

@@ -94,6 +94,17 @@ def _check_unsupported(fn: str, dropout_p, alibi_slopes) -> None:
         )
 
 
+def _check_heads(fn: str, hd: int, heads: int, kv_heads: int) -> None:
+    """A head dim the kernels run, and query heads a multiple of the kv heads (GQA/MQA)."""
+    if hd not in SUPPORTED_HEAD_DIMS:
+        raise _select.head_dim_error(hd, SUPPORTED_HEAD_DIMS)
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(
+            f"sm7x.fa2.{fn}: num_heads ({heads}) must be a multiple of num_kv_heads "
+            f"({kv_heads}) (GQA/MQA)"
+        )
+
+
 def _check_qkv(fn: str, q, k, v, nd: int, layout: str) -> tuple[int, int, int]:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, fn)
@@ -106,17 +117,11 @@ def _check_qkv(fn: str, q, k, v, nd: int, layout: str) -> tuple[int, int, int]:
             f"sm7x.fa2.{fn}: q, k and v must have the same head_dim, got {tuple(q.shape)}, "
             f"{tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if hd not in SUPPORTED_HEAD_DIMS:
-        raise _select.head_dim_error(hd, SUPPORTED_HEAD_DIMS)
     if k.shape != v.shape:
         raise ValueError(f"sm7x.fa2.{fn}: k {tuple(k.shape)} and v {tuple(v.shape)} must have "
                          f"the same shape")
     heads, kv_heads = q.shape[-2], k.shape[-2]
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(
-            f"sm7x.fa2.{fn}: num_heads ({heads}) must be a multiple of num_kv_heads "
-            f"({kv_heads}) (GQA/MQA)"
-        )
+    _check_heads(fn, hd, heads, kv_heads)
     if not (q.device == k.device == v.device):
         raise ValueError(f"sm7x.fa2.{fn}: q, k, v are on {q.device}, {k.device}, {v.device}; "
                          f"move them to one device")

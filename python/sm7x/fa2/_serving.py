@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _targets
-from . import (_check_options, _check_out_alias, _check_tensor, _check_unsupported, _check_cuda,
-               _kernel_layout, _ops_for, SUPPORTED_HEAD_DIMS)
+from . import (_check_cuda, _check_heads, _check_options, _check_out_alias, _check_tensor,
+               _kernel_layout, _ops_for)
 
 _MAX_SPLITS = 128
 # A partition walks at least this many key tiles: below it the prologue (Q tile, first
@@ -115,31 +115,33 @@ def _split_plan(batch, sq, sk, heads, kv_heads, block_m, block_n, slots, max_spl
             plan.partitions.tolist(), int(plan.waves))
 
 
-def _make_plan(fn, arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits,
+def _workspace(partitions: int, batch: int, rows: int, kv_heads: int, hd: int, device):
+    """The split partials' fp32 o_accum [P, kv_heads, rows, hd] and lse_accum [P, kv_heads,
+    rows]; empty when no sequence is split (P == batch)."""
+    f32 = dict(dtype=torch.float32, device=device)
+    if partitions == batch:
+        empty = torch.empty(0, **f32)
+        return empty, empty
+    return (torch.empty((partitions, kv_heads, rows, hd), **f32),
+            torch.empty((partitions, kv_heads, rows), **f32))
+
+
+def _make_plan(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits,
                workspace: bool) -> DecodePlan:
     # The op's rule (kServingWideRows): many rows per kv head run the prefill tiles.
     rows = sq * (heads // kv_heads)
-    wide = rows > _targets.fa2_serving_wide_rows()
     cfg = _targets.fa2_serving_kernel(arch, hd, rows)
-    if num_splits == 0:
-        slots = _cta_slots(arch, device, hd, wide)
-        splits, offsets, parts, waves = _split_plan(batch, sq, sk, heads, kv_heads,
-                                                    cfg["block_m"], cfg["block_n"], slots,
-                                                    _MAX_SPLITS)
+    if num_splits == 0:  # as many as fill the device's CTA slots
+        slots = _cta_slots(arch, device, hd, rows > _targets.fa2_serving_wide_rows())
+        max_splits = _MAX_SPLITS
     else:  # the caller's count: at most n splits
-        splits, offsets, parts, waves = _split_plan(batch, sq, sk, heads, kv_heads,
-                                                    cfg["block_m"], cfg["block_n"], 1 << 30,
-                                                    num_splits)
+        slots, max_splits = 1 << 30, num_splits
+    splits, offsets, parts, waves = _split_plan(batch, sq, sk, heads, kv_heads, cfg["block_m"],
+                                                cfg["block_n"], slots, max_splits)
     i32 = dict(dtype=torch.int32, device=device)
     partitions = torch.tensor(parts, **i32).reshape(-1, 3)
-    P = partitions.shape[0]
-    rows = sq * (heads // kv_heads)
-    f32 = dict(dtype=torch.float32, device=device)
-    if P > batch and workspace:
-        o_accum = torch.empty((P, kv_heads, rows, hd), **f32)
-        lse_accum = torch.empty((P, kv_heads, rows), **f32)
-    else:
-        o_accum = lse_accum = torch.empty(0, **f32)
+    o_accum, lse_accum = _workspace(partitions.shape[0] if workspace else batch, batch, rows,
+                                    kv_heads, hd, device)
     return DecodePlan(arch, device, batch, sq, sk, heads, kv_heads, hd, cfg["block_n"], splits,
                       partitions, torch.tensor(offsets, **i32), o_accum, lse_accum, waves,
                       _plan_key(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits))
@@ -174,19 +176,14 @@ def plan_decode(batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_kv_heads,
     kv_heads = _check_int(fn, "num_kv_heads", num_kv_heads, 1)
     hd = _check_int(fn, "head_dim", head_dim, 1)
     splits = _check_int(fn, "num_splits", num_splits, 0)
-    if heads % kv_heads:
-        raise ValueError(f"sm7x.fa2.{fn}: num_heads ({heads}) must be a multiple of "
-                         f"num_kv_heads ({kv_heads}) (GQA/MQA)")
-    if hd not in SUPPORTED_HEAD_DIMS:
-        from .. import _select
-        raise _select.head_dim_error(hd, SUPPORTED_HEAD_DIMS)
+    _check_heads(fn, hd, heads, kv_heads)
     device = torch.device("cuda") if device is None else torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"sm7x.fa2.{fn}: device must be a CUDA device, got {device}")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     arch = _arch_of(torch.empty(0, device=device))
-    return _make_plan(fn, arch, device, batch, sq, sk, heads, kv_heads, hd, splits, True)
+    return _make_plan(arch, device, batch, sq, sk, heads, kv_heads, hd, splits, True)
 
 
 def _arch_of(t: torch.Tensor) -> str:
@@ -210,16 +207,11 @@ def _plan_for(fn, ops, q, batch, sq, sk, heads, kv_heads, hd, num_splits, given)
         if plan is None:
             if len(_plans) > 256:
                 _plans.clear()
-            plan = _plans[key] = _make_plan(fn, arch, q.device, batch, sq, sk, heads, kv_heads,
-                                            hd, num_splits, False)
-    if plan.total_splits > batch:  # workspace per call: cached plans may serve several streams
-        rows = sq * (heads // kv_heads)
-        o_accum = torch.empty((plan.total_splits, kv_heads, rows, hd), dtype=torch.float32,
-                              device=q.device)
-        lse_accum = torch.empty((plan.total_splits, kv_heads, rows), dtype=torch.float32,
-                                device=q.device)
-        return plan, o_accum, lse_accum
-    return plan, plan.o_accum, plan.lse_accum
+            plan = _plans[key] = _make_plan(arch, q.device, batch, sq, sk, heads, kv_heads, hd,
+                                            num_splits, False)
+    # workspace per call: a cached plan may serve several streams at once
+    return (plan, *_workspace(plan.total_splits, batch, sq * (heads // kv_heads), kv_heads, hd,
+                              q.device))
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,12 +262,7 @@ def _check_cache(fn: str, q, k_cache, v_cache, paged: bool) -> tuple[int, int, i
     if k_cache.shape[3] != hd:
         raise ValueError(f"sm7x.fa2.{fn}: q has head_dim {hd} but k_cache has "
                          f"{k_cache.shape[3]}")
-    if hd not in SUPPORTED_HEAD_DIMS:
-        from .. import _select
-        raise _select.head_dim_error(hd, SUPPORTED_HEAD_DIMS)
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(f"sm7x.fa2.{fn}: num_heads ({heads}) must be a multiple of "
-                         f"num_kv_heads ({kv_heads}) (GQA/MQA)")
+    _check_heads(fn, hd, heads, kv_heads)
     if paged:
         ps = k_cache.shape[1]
         if ps <= 0 or ps & (ps - 1):
