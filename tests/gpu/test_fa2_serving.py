@@ -943,5 +943,21 @@ def test_requires_grad_inputs_raise():
                                 cache_seqlens=i32(lens), block_table=bt)
 
 
+def test_kvcache_rotary_table_too_short_for_the_new_keys_raises():
+    """Non-causal q is rotated at cache_seqlens alone, but the new keys at cache_seqlens ..
+    + seqlen_new - 1: a table that covers q but not the keys is refused, cache untouched."""
+    b, h, hk, d, cap, new = 2, 8, 2, 64, 128, 5
+    g = gen(301)
+    k_cache, v_cache = randn(b, cap, hk, d, g=g), randn(b, cap, hk, d, g=g)
+    before = k_cache.clone()
+    q, k, v = randn(b, 1, h, d, g=g), randn(b, new, hk, d, g=g), randn(b, new, hk, d, g=g)
+    cos, sin = rotary_tables(32, d, seed=302)
+    with pytest.raises(ValueError, match="rotary_cos has 32 positions"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin,
+                                cache_seqlens=torch.tensor([30, 0], dtype=I32, device=DEV),
+                                causal=False)
+    assert torch.equal(k_cache, before)
+
+
 def test_zz_report_worst_errors():
     report_worst(f" (serving, {ARCH})")

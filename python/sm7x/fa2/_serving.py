@@ -459,17 +459,14 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     if k is not None or rotary_cos is not None:
         positions = cache_seqlens.long()[:, None] + torch.arange(
             max(seqlen_new, sq), device=q.device)  # [B, max(Sn, Sq)]
+        # q's rotary positions: cache_seqlens + i when causal or local, else cache_seqlens
+        qpos = positions[:, :sq] if (causal or left >= 0 or right >= 0) else \
+            positions[:, :1].expand(batch, sq)
         if not _capturing():
-            _check_positions(fn, positions[:, :seqlen_new], capacity, block_table, k_cache,
-                             rotary_cos)
+            _check_positions(fn, positions[:, :seqlen_new], qpos, capacity, block_table,
+                             k_cache, None if rotary_cos is None else rotary_cos.shape[0])
         if rotary_cos is not None:
             seqlen_ro = rotary_cos.shape[0]
-            # q: at cache_seqlens + i when causal or local, else all at cache_seqlens
-            qpos = positions[:, :sq] if (causal or left >= 0 or right >= 0) else \
-                positions[:, :1].expand(batch, sq)
-            if not _capturing() and sq and int(qpos.max()) >= seqlen_ro:
-                raise ValueError(f"sm7x.fa2.{fn}: rotary_cos has {seqlen_ro} positions but q "
-                                 f"needs position {int(qpos.max())}")
             q = _rotary(q, rotary_cos, rotary_sin, qpos.clamp(0, seqlen_ro - 1),
                         rotary_interleaved)
             if k is not None:
@@ -489,26 +486,37 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     return (out, lse) if return_softmax_lse else out
 
 
-def _check_positions(fn, pos, capacity, block_table, k_cache, rotary_cos) -> None:
-    """Before anything is written: every appended position inside the cache and on a page
-    of it (one host sync; skipped while a CUDA graph is captured, where _append clamps)."""
-    if pos.numel() == 0:
-        return
+def _check_positions(fn, pos, qpos, capacity, block_table, k_cache, seqlen_ro) -> None:
+    """Before anything is written: every appended position pos inside the cache and on a
+    page of it, and, with rotary, every position of q and of the new keys inside rotary_cos.
+    One host sync for all of it (skipped while a CUDA graph is captured, where _append and
+    the rotary lookups clamp); the details are read only for the message of a failure."""
+    zero = torch.zeros((), dtype=torch.bool, device=pos.device)
     bad_len = (pos < 0) | (pos >= capacity)
-    if bad_len.any():
+    bad_page = None
+    if block_table is not None:  # on clamped positions: a bad length is reported first
+        ps = k_cache.shape[1]
+        pages = block_table.gather(1, pos.clamp(0, max(capacity - 1, 0)) // ps)
+        bad_page = (pages < 0) | (pages >= k_cache.shape[0])
+    rotary = torch.cat((qpos.flatten(), pos.flatten())) if seqlen_ro is not None else None
+    flags = torch.stack([bad_len.any() if pos.numel() else zero,
+                         bad_page.any() if bad_page is not None and pos.numel() else zero,
+                         (rotary >= seqlen_ro).any() if rotary is not None and rotary.numel()
+                         else zero]).tolist()
+    if flags[0]:
         b = int(bad_len.any(1).nonzero()[0, 0])
         raise ValueError(f"sm7x.fa2.{fn}: sequence {b} would append up to position "
                          f"{int(pos[b].max())} but the cache holds {capacity} keys per sequence "
                          f"(cache_seqlens + seqlen_new must be <= {capacity})")
-    if block_table is not None:
-        ps = k_cache.shape[1]
-        pages = block_table.gather(1, pos // ps)
-        bad = (pages < 0) | (pages >= k_cache.shape[0])
-        if bad.any():
-            b, j = (int(x) for x in bad.nonzero()[0])
-            raise ValueError(f"sm7x.fa2.{fn}: block_table[{b}, {int(pos[b, j]) // ps}] = "
-                             f"{int(pages[b, j])} is not a page of k_cache (num_blocks "
-                             f"{k_cache.shape[0]}); entries must be in [0, {k_cache.shape[0]})")
+    if flags[1]:
+        b, j = (int(x) for x in bad_page.nonzero()[0])
+        raise ValueError(f"sm7x.fa2.{fn}: block_table[{b}, {int(pos[b, j]) // ps}] = "
+                         f"{int(pages[b, j])} is not a page of k_cache (num_blocks "
+                         f"{k_cache.shape[0]}); entries must be in [0, {k_cache.shape[0]})")
+    if flags[2]:
+        raise ValueError(f"sm7x.fa2.{fn}: rotary_cos has {seqlen_ro} positions but q or the new "
+                         f"keys need position {int(rotary.max())}; pass tables that cover "
+                         f"cache_seqlens + seqlen_new")
 
 
 def _append(k_cache, v_cache, k, v, pos, capacity, block_table, cache_batch_idx) -> None:
