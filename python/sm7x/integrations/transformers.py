@@ -1,0 +1,279 @@
+"""sm7x FlashAttention-2 as a Hugging Face transformers attention implementation.
+
+Importing this module registers two names with transformers (``register()`` does it again,
+idempotently)::
+
+    import sm7x.integrations.transformers  # noqa: F401
+    model = AutoModelForCausalLM.from_pretrained(..., dtype=torch.float16,
+                                                 attn_implementation="sm7x")
+    # or, on a loaded model: model.set_attn_implementation("sm7x")
+
+- ``"sm7x"``: prefill and decode with transformers' own caches (dynamic, static, sliding
+  window). Padding masks are handled as transformers' flash-attention path handles them;
+  left padding (what ``generate`` does) is read in place from the cache (no unpadding
+  copy), any other padding is unpadded to a varlen call.
+- ``"paged|sm7x"``: continuous batching (``generate_batch``, ``init_continuous_batching``);
+  full-attention layers read keys from transformers' paged cache through sm7x's paged
+  kernels (a page table derived from the cache's read indices), sliding-window layers
+  from the keys the cache gathers.
+
+What sm7x cannot do is refused with a ``ValueError`` that says what and what to use
+instead, never computed differently: bf16 (Volta and Turing have no bf16 tensor cores:
+load the model in float16), an arbitrary (4-D) attention mask, ``output_attentions``,
+attention sinks, dropout, and backward (sm7x's FA2 is forward-only).
+
+This module imports torch, transformers and sm7x.fa2; ``import sm7x`` imports none.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+except ImportError as exc:  # not installed, or older than the attention interfaces
+    raise ImportError(
+        "sm7x.integrations.transformers needs transformers >= 5.0 (AttentionInterface and "
+        "AttentionMaskInterface): pip install 'transformers>=5' or conda install "
+        f"'transformers>=5' ({exc})"
+    ) from exc
+
+from .. import fa2
+
+NAME = "sm7x"
+PAGED_NAME = f"paged|{NAME}"
+
+__all__ = ["NAME", "PAGED_NAME", "register", "attention_forward", "paged_attention_forward"]
+
+
+# ---------------------------------------------------------------------------------------
+# What sm7x cannot do: refused before any work, with the way out.
+
+
+def _refuse(what: str, instead: str) -> None:
+    raise ValueError(f"attn_implementation='{NAME}' (sm7x FlashAttention-2 for Volta/Turing) "
+                     f"{what}; {instead}")
+
+
+def _fp16(module, query, key, value):
+    """fp16 q/k/v. fp32 inputs are cast the way transformers' flash path casts them (PEFT
+    keeps layer norms in fp32) when the model or autocast says fp16; bf16 is refused."""
+    if query.dtype == torch.float32:
+        dev = query.device.type
+        target = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
+                  else getattr(module.config, "dtype", None))
+        if target == torch.float16:
+            return query.half(), key.half(), value.half()
+    if query.dtype != torch.float16 or key.dtype != torch.float16 or value.dtype != torch.float16:
+        _refuse(f"got {query.dtype} attention inputs: the kernels are float16 only (Volta and "
+                f"Turing have no bfloat16 tensor cores)",
+                "load the model with dtype=torch.float16 (or model.half()), or use "
+                "attn_implementation='sdpa' for other dtypes")
+    return query, key, value
+
+
+def _check_call(module, query, attention_mask, dropout, kwargs) -> None:
+    if kwargs.get("output_attentions", False):
+        _refuse("cannot return attention weights (output_attentions=True)",
+                "use attn_implementation='eager' for them")
+    if kwargs.get("s_aux") is not None:
+        _refuse("has no attention sinks (s_aux)", "use attn_implementation='eager' or 'sdpa'")
+    if dropout and module.training:
+        _refuse(f"is inference-only: attention dropout {dropout} in training mode",
+                "call model.eval(), or train with attn_implementation='sdpa'")
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or attention_mask.dim() != 2):
+        shape = (tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor)
+                 else type(attention_mask).__name__)
+        _refuse(f"takes padding masks [batch, keys] (what transformers builds for it), not an "
+                f"arbitrary attention mask {shape}",
+                "use attn_implementation='sdpa' or 'eager' for custom masks")
+    if query.requires_grad and torch.is_grad_enabled():
+        _refuse("is forward-only (no backward kernels)",
+                "run under torch.no_grad()/torch.inference_mode(), or train with 'sdpa'")
+
+
+def _window(sliding_window, causal: bool) -> tuple[int, int]:
+    """transformers' sliding_window=W: a query sees W keys, itself included."""
+    if not sliding_window:
+        return (-1, -1)
+    return (sliding_window - 1, 0 if causal else sliding_window - 1)
+
+
+# ---------------------------------------------------------------------------------------
+# attn_implementation="sm7x"
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                      sliding_window=None, softcap=None, is_causal=None, **kwargs):
+    """transformers' attention function: ``query [batch, heads, q_len, head_dim]``,
+    ``key``/``value [batch, kv_heads, kv_len, head_dim]`` (the cache's keys, new ones
+    included), ``attention_mask`` None or the 2-D padding mask of :func:`_mask`. Returns
+    ``(out [batch, q_len, heads, head_dim], None)``."""
+    _check_call(module, query, attention_mask, dropout, kwargs)
+    query, key, value = _fp16(module, query, key, value)
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    hd, v_hd = query.shape[-1], value.shape[-1]
+    if v_hd != hd:  # the kernels need one head dim: pad v (MLA) and crop the output
+        value = torch.nn.functional.pad(value, [0, hd - v_hd])
+    # [batch, seq, heads, head_dim] views: the kernels read these strides in place
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    opts = dict(softmax_scale=scaling, causal=causal, window_size=_window(sliding_window, causal),
+                softcap=softcap or 0.0)
+    if attention_mask is not None:
+        out = _masked(q, k, v, attention_mask, opts)
+    elif kwargs.get("cu_seq_lens_q") is not None:  # padding-free packed batch
+        out = _packed(q, k, v, kwargs, opts)
+    elif q.shape[1] < k.shape[1]:
+        # decode / chunked prefill against the cache: split-KV, GQA rows packed per K/V
+        # tile (sm7x's serving kernels); no new keys to append, transformers did that
+        out = fa2.flash_attn_with_kvcache(q, k, v, **opts)
+    else:
+        out = fa2.flash_attn_func(q, k, v, **opts)
+    if v_hd != hd:
+        out = out[..., :v_hd]
+    return out, None
+
+
+def _masked(q, k, v, mask, opts):
+    """A 2-D padding mask [batch, L] over the first L cache positions (L < kv_len: a static
+    cache's allocated but unwritten slots)."""
+    batch, sq = q.shape[0], q.shape[1]
+    length = mask.shape[1]
+    if length > k.shape[1] or mask.shape[0] != batch:
+        _refuse(f"got a padding mask {tuple(mask.shape)} for {batch} sequences of "
+                f"{k.shape[1]} keys", "pass attention_mask as [batch, past + new tokens]")
+    k, v, mask = k[:, :length], v[:, :length], mask.bool()
+    lens = mask.sum(-1, dtype=torch.int32)
+    leftpad = (length - lens).to(torch.int32)
+    # One host sync picks the path: a mask of ones (a static cache's written slots) needs
+    # no mask; left padding (each row's keys one run that ends at L, what generate pads)
+    # is read in place; anything else is unpadded like transformers' flash path.
+    left_ok, ones = torch.stack([
+        (mask == (torch.arange(length, device=mask.device) >= leftpad[:, None])).all(),
+        mask.all()]).tolist()
+    if ones:
+        return (fa2.flash_attn_func(q, k, v, **opts) if sq >= length
+                else fa2.flash_attn_with_kvcache(q, k, v, **opts))
+    if left_ok and sq < length and opts["causal"]:
+        return fa2.flash_attn_with_kvcache(q, k, v, cache_seqlens=length,
+                                           cache_leftpad=leftpad, **opts)
+    return _unpadded(q, k, v, mask, lens, opts)
+
+
+def _unpadded(q, k, v, mask, lens, opts):
+    batch, sq, heads, hd = q.shape
+    length = mask.shape[1]
+    keep_k = mask.reshape(-1).nonzero().squeeze(1)
+    cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+    if sq == length:
+        keep_q, cu_q, qmask = keep_k, cu_k, mask
+    else:  # the queries are the last sq positions
+        qmask = mask[:, -sq:] if sq > 1 else torch.ones(batch, 1, dtype=torch.bool,
+                                                         device=mask.device)
+        keep_q = qmask.reshape(-1).nonzero().squeeze(1)
+        cu_q = torch.nn.functional.pad(qmask.sum(-1, dtype=torch.int32).cumsum(0, dtype=torch.int32),
+                                       (1, 0))
+    max_q, max_k = torch.stack([qmask.sum(-1, dtype=torch.int32).max(), lens.max()]).tolist()
+    out_packed = fa2.flash_attn_varlen_func(
+        q.reshape(-1, heads, hd)[keep_q], k.reshape(batch * length, *k.shape[2:])[keep_k],
+        v.reshape(batch * length, *v.shape[2:])[keep_k], cu_q, cu_k, max_q, max_k, **opts)
+    out = torch.zeros((batch * sq, heads, hd), dtype=q.dtype, device=q.device)
+    out[keep_q] = out_packed
+    return out.view(batch, sq, heads, hd)
+
+
+def _packed(q, k, v, kwargs, opts):
+    """Padding-free batches (DataCollatorWithFlattening): sequences concatenated in one row,
+    bounded by cu_seq_lens_q/k."""
+    cu_q, cu_k = kwargs["cu_seq_lens_q"].int(), kwargs["cu_seq_lens_k"].int()
+    max_q = kwargs.get("max_length_q") or int((cu_q[1:] - cu_q[:-1]).max())
+    max_k = kwargs.get("max_length_k") or int((cu_k[1:] - cu_k[:-1]).max())
+    out = fa2.flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
+                                     v.reshape(-1, *v.shape[2:]), cu_q, cu_k, int(max_q),
+                                     int(max_k), **opts)
+    return out.view(q.shape[0], -1, *out.shape[1:])
+
+
+# ---------------------------------------------------------------------------------------
+# attn_implementation="paged|sm7x" (continuous batching)
+
+
+def paged_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
+                            scaling=None, sliding_window=None, softcap=None, **kwargs):
+    """Continuous batching's attention: ``query [1, heads, tokens, head_dim]`` and
+    ``key``/``value [1, kv_heads, tokens, head_dim]`` of every scheduled request packed,
+    the paged cache in ``kwargs["cache"]``. The 4-D mask transformers builds for
+    non-flash implementations is not needed (the kernels mask by the sequence bounds)."""
+    cache = kwargs.get("cache")
+    if cache is None:
+        _refuse("'paged|' was called without continuous batching's paged cache",
+                f"use attn_implementation='{NAME}' for a standard forward")
+    _check_call(module, query, None, dropout, kwargs)
+    query, key, value = _fp16(module, query, key, value)
+    if value.shape[-1] != query.shape[-1]:
+        _refuse("needs the same head dim for values and keys in continuous batching",
+                f"use attn_implementation='{NAME}' with generate()")
+    sliding = getattr(module, "sliding_window", None) or sliding_window
+    layer_type = "sliding_attention" if sliding else "full_attention"
+    cu_k, max_k = kwargs["cu_seq_lens_k"], kwargs["max_seqlen_k"]
+    if isinstance(cu_k, dict):
+        cu_k, max_k = cu_k[layer_type], max_k[layer_type]
+    cu_q, max_q = kwargs["cu_seq_lens_q"].int(), int(kwargs["max_seqlen_q"])
+    cu_k = cu_k.int()
+    group, in_group = cache.layer_index_to_group_indices[module.layer_idx]
+    read, write = kwargs["read_index"][group], kwargs["write_index"][group]
+    q = query[0].transpose(0, 1)  # [tokens, heads, head_dim]
+    opts = dict(softmax_scale=scaling if scaling is not None else module.scaling, causal=True,
+                window_size=_window(sliding, True), softcap=softcap or 0.0)
+    # rows past the last sequence (CUDA-graph padding) are never written by the kernels
+    out = torch.zeros_like(q)
+    bs = cache.block_size
+    if not sliding and read.numel() and bs & (bs - 1) == 0:
+        k_cache, v_cache = cache.key_cache[in_group], cache.value_cache[in_group]
+        k_cache.index_copy_(0, write, key[0].transpose(0, 1))
+        v_cache.index_copy_(0, write, value[0].transpose(0, 1))
+        pages = _page_table(read, cu_k, int(max_k), bs)
+        shape = (-1, bs, *k_cache.shape[1:])
+        fa2.flash_attn_varlen_func(q, k_cache.view(shape), v_cache.view(shape), cu_q, cu_k,
+                                   max_q, int(max_k), block_table=pages,
+                                   seqused_k=cu_k[1:] - cu_k[:-1], out=out, **opts)
+    else:  # sliding layers (a ring of pages), a batch with nothing cached, odd page sizes
+        k, v = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+                            read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+        fa2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, int(max_k), out=out, **opts)
+    return out, None
+
+
+def _page_table(read, cu_k, max_k: int, page_size: int):
+    """Full-attention layers read request i's keys at read[cu_k[i]:cu_k[i+1]], slot =
+    page * page_size + offset in key order: the first slot of each page_size run names the
+    page. Built on the device (no host sync)."""
+    n = cu_k.shape[0] - 1
+    pages = max(1, -(-max_k // page_size))
+    idx = cu_k[:-1, None].long() + torch.arange(pages, device=read.device) * page_size
+    last = (cu_k[1:, None].long() - 1).clamp(min=0)
+    idx = torch.minimum(idx, last).clamp(0, read.numel() - 1)
+    return (read[idx.view(-1)] // page_size).view(n, pages).int()
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _mask(*args, **kwargs):
+    """transformers builds for "sm7x" the mask it builds for flash-attention: None, or the
+    2-D padding mask."""
+    return flash_attention_mask(*args, **kwargs)
+
+
+def register() -> str:
+    """Register ``"sm7x"`` and ``"paged|sm7x"`` with transformers (idempotent); returns
+    ``"sm7x"``."""
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionInterface.register(PAGED_NAME, paged_attention_forward)
+    AttentionMaskInterface.register(NAME, _mask)
+    return NAME
+
+
+register()

@@ -1,0 +1,281 @@
+"""sm7x.integrations.transformers on the CPU: registration, the refusals, and the glue
+(masks, left padding, static and sliding caches, packed and paged batches) with sm7x's
+three FA2 entry points replaced by a float32 reference of their documented semantics.
+Small random-weight models (Llama-style GQA, Qwen2 with a sliding window, Gemma 2 with
+softcap and sliding window) in float16 are compared with transformers' eager attention.
+
+The kernels themselves run in tests/gpu/test_transformers_generate.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))  # the shared reference
+from fa2_reference import gather_paged, reference  # noqa: E402
+
+from sm7x.integrations import transformers as tf_sm7x  # noqa: E402
+
+# ---------------------------------------------------------------------------------------
+# float32 reference of the sm7x.fa2 calls the integration makes (bottom-right masks)
+
+
+class FakeFa2:
+    """Stands in for sm7x.fa2 inside the integration and records which entry ran."""
+
+    def __init__(self):
+        self.calls = []
+
+    @staticmethod
+    def _attend(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        out, _ = reference(q, k, v, scale, causal, tuple(window_size), softcap or 0.0)
+        return out.to(q.dtype)
+
+    def flash_attn_func(self, q, k, v, **opts):
+        self.calls.append("func")
+        return self._attend(q, k, v, **opts)
+
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, cache_seqlens=None,
+                                cache_leftpad=None, **opts):
+        self.calls.append("kvcache" + ("+leftpad" if cache_leftpad is not None else ""))
+        outs = []
+        for b in range(q.shape[0]):
+            hi = k_cache.shape[1] if cache_seqlens is None else int(
+                torch.as_tensor(cache_seqlens).reshape(-1).expand(q.shape[0])[b])
+            lo = 0 if cache_leftpad is None else int(cache_leftpad[b])
+            outs.append(self._attend(q[b:b + 1], k_cache[b:b + 1, lo:hi], v_cache[b:b + 1, lo:hi],
+                                     **opts))
+        return torch.cat(outs)
+
+    def flash_attn_varlen_func(self, q, k, v, cu_q, cu_k, max_q, max_k, block_table=None,
+                               seqused_k=None, out=None, **opts):
+        self.calls.append("varlen" + ("+paged" if block_table is not None else ""))
+        out = torch.zeros_like(q) if out is None else out
+        for i in range(cu_q.shape[0] - 1):
+            q0, q1 = int(cu_q[i]), int(cu_q[i + 1])
+            if block_table is not None:
+                n = int(seqused_k[i])
+                ks, vs = (gather_paged(c, block_table, i, n) for c in (k, v))
+            else:
+                ks, vs = k[int(cu_k[i]):int(cu_k[i + 1])], v[int(cu_k[i]):int(cu_k[i + 1])]
+            assert q1 - q0 <= max_q and ks.shape[0] <= max_k
+            if q1 > q0:
+                out[q0:q1] = self._attend(q[None, q0:q1], ks[None], vs[None], **opts)[0]
+        return out
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    f = FakeFa2()
+    monkeypatch.setattr(tf_sm7x, "fa2", f)
+    return f
+
+
+# ---------------------------------------------------------------------------------------
+# tiny fp16 models from configs (no download)
+
+
+def _model(kind: str, attn: str):
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  max_position_embeddings=256, pad_token_id=0, eos_token_id=None,
+                  bos_token_id=None)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**common)
+    elif kind == "qwen2":
+        cfg = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=6,
+                                       max_window_layers=1)
+        cfg.layer_types = ["full_attention", "sliding_attention"]
+    elif kind == "gemma2":
+        cfg = transformers.Gemma2Config(**common, sliding_window=6, attn_logit_softcapping=5.0,
+                                        final_logit_softcapping=30.0, query_pre_attn_scalar=16)
+    else:
+        raise AssertionError(kind)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    return model.half().eval()
+
+
+def _batch(lens, side="left", vocab=128):
+    g = torch.Generator().manual_seed(1)
+    width = max(lens)
+    ids = torch.zeros(len(lens), width, dtype=torch.long)
+    mask = torch.zeros(len(lens), width, dtype=torch.long)
+    for i, n in enumerate(lens):
+        sl = slice(width - n, width) if side == "left" else slice(0, n)
+        ids[i, sl] = torch.randint(1, vocab, (n,), generator=g)
+        mask[i, sl] = 1
+    return ids, mask
+
+
+def _twin(kind):
+    """The same weights under eager and sm7x."""
+    ref = _model(kind, "eager")
+    ours = _model(kind, "eager")
+    ours.set_attn_implementation(tf_sm7x.NAME)
+    return ref, ours
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def test_registered_names():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    assert tf_sm7x.register() == "sm7x"
+    assert AttentionInterface._global_mapping["sm7x"] is tf_sm7x.attention_forward
+    assert AttentionInterface._global_mapping["paged|sm7x"] is tf_sm7x.paged_attention_forward
+    assert "sm7x" in AttentionMaskInterface._global_mapping
+
+
+def test_import_sm7x_integrations_imports_no_framework():
+    code = ("import sys, sm7x, sm7x.integrations; "
+            "bad = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("side", ["left", "right", "none"])
+def test_forward_logits_match_eager(fake, kind, side):
+    ref, ours = _twin(kind)
+    lens = [11, 11, 11] if side == "none" else [11, 4, 8]
+    ids, mask = _batch(lens, "left" if side == "none" else side)
+    with torch.no_grad():
+        a = ref(input_ids=ids, attention_mask=mask).logits
+        b = ours(input_ids=ids, attention_mask=mask).logits
+    valid = mask.bool()
+    err = (a[valid].float() - b[valid].float()).abs().max().item()
+    assert err < 2e-2, f"{kind} {side}: max |logits - eager| = {err}"
+    # no padding: no mask, the plain call; padding on the left or right: unpadded varlen
+    assert fake.calls[0] == ("func" if side == "none" else "varlen"), fake.calls
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_left_padded_matches_eager(fake, kind, cache):
+    ref, ours = _twin(kind)
+    ids, mask = _batch([9, 3, 6])
+    kw = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True,
+              output_scores=True, cache_implementation=cache)
+    with torch.no_grad():
+        a = ref.generate(input_ids=ids, attention_mask=mask, **kw)
+        b = ours.generate(input_ids=ids, attention_mask=mask, **kw)
+    first = _first_difference(a, b)
+    assert first is None, f"{kind}/{cache}: tokens differ from eager first at step {first}"
+    # decode with left padding reads the cache in place (cache_leftpad), never unpads
+    assert "kvcache+leftpad" in fake.calls, fake.calls
+    decode_calls = fake.calls[len(fake.calls) // 2:]
+    assert "varlen" not in decode_calls, fake.calls
+
+
+def _first_difference(a, b):
+    diff = (a.sequences != b.sequences).any(0).nonzero()
+    return None if diff.numel() == 0 else int(diff[0])
+
+
+def test_generate_batch_one_no_mask_uses_decode_kernel(fake):
+    ref, ours = _twin("llama")
+    ids, _ = _batch([7])
+    with torch.no_grad():
+        a = ref.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
+        b = ours.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(a, b)
+    assert fake.calls[0] == "func" and set(fake.calls[2:]) == {"kvcache"}, fake.calls
+
+
+def test_packed_padding_free_batch(fake):
+    """DataCollatorWithFlattening's layout: one row, sequences bounded by cu_seq_lens."""
+    ref, ours = _twin("llama")
+    ids, _ = _batch([5, 7])
+    a_parts = []
+    with torch.no_grad():
+        for row in ids:
+            a_parts.append(ref(input_ids=row[None]).logits[0])
+        flat = ids.reshape(1, -1)
+        pos = torch.cat([torch.arange(7), torch.arange(7)])[None]
+        cu = torch.tensor([0, 7, 14], dtype=torch.int32)
+        b = ours(input_ids=flat, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                 max_length_q=7, max_length_k=7).logits[0]
+    err = (torch.cat(a_parts).float() - b.float()).abs().max().item()
+    assert err < 2e-2
+    assert "varlen" in fake.calls
+
+
+def test_continuous_batching_paged_matches_generate(fake):
+    ref, ours = _twin("llama")
+    prompts = [[5, 9, 3, 7, 2, 11, 4, 8, 1, 6][:n] for n in (10, 4, 7)]
+    gen_cfg = transformers.GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                            pad_token_id=0)
+    with torch.no_grad():
+        expect = [ref.generate(input_ids=torch.tensor([p]), generation_config=gen_cfg)[0,
+                                                                                       len(p):]
+                  for p in prompts]
+        # pages of 4 tokens, at most 8 tokens a step: the 10-token prompt is prefilled in
+        # chunks over its own cached pages, then every request decodes from its pages
+        cb = transformers.ContinuousBatchingConfig(block_size=4, num_blocks=32,
+                                                   max_batch_tokens=8)
+        got = ours.generate_batch(inputs=prompts, generation_config=gen_cfg,
+                                  continuous_batching_config=cb, progress_bar=False)
+    for i, p in enumerate(prompts):
+        out = next(r for r in got.values() if list(r.prompt_ids) == p)
+        assert out.generated_tokens == expect[i].tolist(), (i, out.generated_tokens,
+                                                             expect[i].tolist())
+    assert ours.config._attn_implementation == "sm7x"  # restored after the batch
+    assert "varlen+paged" in fake.calls, fake.calls
+
+
+# ---------------------------------------------------------------------------------------
+# what sm7x cannot do is refused, naming it and the way out
+
+
+def test_bf16_is_refused_with_the_fix(fake):
+    _, ours = _twin("llama")
+    ours = ours.to(torch.bfloat16)
+    ids, mask = _batch([4, 4])
+    with pytest.raises(ValueError, match=r"float16 only.*dtype=torch.float16"):
+        with torch.no_grad():
+            ours(input_ids=ids, attention_mask=mask)
+
+
+def test_output_attentions_is_refused(fake):
+    _, ours = _twin("llama")
+    ids, mask = _batch([4, 4])
+    with pytest.raises(ValueError, match=r"output_attentions.*eager"):
+        with torch.no_grad():
+            ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+
+
+def test_custom_4d_mask_is_refused(fake):
+    _, ours = _twin("llama")
+    ids, _ = _batch([4, 4])
+    mask4 = torch.ones(2, 1, 4, 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"arbitrary attention mask.*sdpa"):
+        with torch.no_grad():
+            ours(input_ids=ids, attention_mask=mask4)
+
+
+def test_backward_is_refused(fake):
+    _, ours = _twin("llama")
+    ids, mask = _batch([4, 4])
+    ours.train()
+    with pytest.raises(ValueError, match=r"forward-only"):
+        ours(input_ids=ids, attention_mask=mask)
+
+
+def test_paged_without_cache_is_refused(fake):
+    _, ours = _twin("llama")
+    ours.set_attn_implementation("paged|sm7x")
+    ids, _ = _batch([4])
+    with pytest.raises(ValueError, match=r"without continuous batching"):
+        with torch.no_grad():
+            ours(input_ids=ids)
