@@ -169,8 +169,26 @@ def collect(devices: Iterable[Device] | None = None, *, prefix: str | Path | Non
         "node": {"required_packages": sorted(required_packages(devices)),
                  "uncovered_gpus": [d.index for d in devices if _uncovered(d)]},
         "solver": _solver_report(devices, packages, warnings),
+        "integrations": _integrations(),
         "warnings": warnings,
     }
+
+
+def _integrations() -> dict:
+    """Which frameworks sm7x plugs into here, from their installed metadata (none imported)."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return {"transformers": {"installed": False}}
+    major = version.split(".")[0]
+    usable = major.isdigit() and int(major) >= 5
+    how = ("import sm7x.integrations.transformers, then attn_implementation='sm7x' (fp16; "
+           "continuous batching: 'paged|sm7x')" if usable
+           else "too old: sm7x's integration needs transformers >= 5.0")
+    return {"transformers": {"installed": True, "version": version, "usable": usable,
+                             "how": how}}
 
 
 def _uncovered(device: Device) -> bool:
@@ -235,6 +253,9 @@ def render(info: dict) -> str:
         needs = ", ".join(info["node"]["required_packages"]) or "nothing"
         lines.append(f"node      native FA2 kernels on every GPU need: {needs}")
     lines += _render_solver(info["solver"])
+    tf = info["integrations"]["transformers"]
+    lines.append(f"transformers {tf['version']}: {tf['how']}" if tf["installed"]
+                 else "transformers not installed (sm7x.integrations.transformers needs >= 5.0)")
     lines += [f"warning:  {w}" for w in info["warnings"]]
     return "\n".join(lines)
 

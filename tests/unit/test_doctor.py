@@ -215,3 +215,25 @@ def test_cli_doctor_json_with_fake_nvidia_smi(tmp_path):
 def test_cli_requires_a_command():
     assert _run().returncode == 2
     assert doctor.main(["doctor", "--json"]) == 0
+
+
+@pytest.mark.parametrize("version, usable", [("5.17.0", True), ("4.57.1", False), (None, None)])
+def test_doctor_names_the_transformers_integration(monkeypatch, version, usable):
+    from importlib import metadata
+
+    real = metadata.version
+
+    def fake_version(name):
+        if name != "transformers":
+            return real(name)
+        if version is None:
+            raise metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(metadata, "version", fake_version)
+    tf = doctor._integrations()["transformers"]
+    assert tf["installed"] == (version is not None)
+    if version is None:
+        return
+    assert tf["usable"] is usable
+    assert ("attn_implementation='sm7x'" in tf["how"]) is usable

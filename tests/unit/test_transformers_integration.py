@@ -32,6 +32,7 @@ class FakeFa2:
 
     def __init__(self):
         self.calls = []
+        self.plans = 0
 
     @staticmethod
     def _attend(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
@@ -43,9 +44,18 @@ class FakeFa2:
         self.calls.append("func")
         return self._attend(q, k, v, **opts)
 
+    def plan_decode(self, batch, sq, sk, heads, kv_heads, hd, device=None):
+        self.plans += 1
+        return ("plan", batch, sq, sk, heads, kv_heads, hd)
+
     def flash_attn_with_kvcache(self, q, k_cache, v_cache, cache_seqlens=None,
-                                cache_leftpad=None, **opts):
+                                cache_leftpad=None, scheduler_metadata=None, **opts):
         self.calls.append("kvcache" + ("+leftpad" if cache_leftpad is not None else ""))
+        # the integration's plan: this shape, at least this many keys
+        _, batch, sq, sk, heads, kv_heads, hd = scheduler_metadata
+        assert (batch, sq, heads, kv_heads, hd) == (q.shape[0], q.shape[1], *q.shape[2:3],
+                                                    k_cache.shape[2], q.shape[3])
+        assert sk >= k_cache.shape[1]
         outs = []
         for b in range(q.shape[0]):
             hi = k_cache.shape[1] if cache_seqlens is None else int(
@@ -76,6 +86,7 @@ class FakeFa2:
 def fake(monkeypatch):
     f = FakeFa2()
     monkeypatch.setattr(tf_sm7x, "fa2", f)
+    monkeypatch.setattr(tf_sm7x, "_plans", {})
     return f
 
 
@@ -191,6 +202,7 @@ def test_generate_batch_one_no_mask_uses_decode_kernel(fake):
         b = ours.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
     assert torch.equal(a, b)
     assert fake.calls[0] == "func" and set(fake.calls[2:]) == {"kvcache"}, fake.calls
+    assert fake.plans == 1  # one plan for all layers and steps (7 + 6 keys < 256)
 
 
 def test_packed_padding_free_batch(fake):

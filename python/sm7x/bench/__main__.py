@@ -1,4 +1,4 @@
-"""``python -m sm7x.bench BENCHMARK [options]``; benchmarks: core, fa2, decode (sm7x.bench.<name>)."""
+"""``python -m sm7x.bench BENCHMARK [options]``; benchmarks: core, fa2, decode, generate (sm7x.bench.<name>)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ BENCHMARKS = {
     "core": "sm7x core ops (rms_norm, ..., reshape_and_cache) vs plain torch",
     "fa2": "sm7x FA2 forward vs torch SDPA's memory-efficient backend",
     "decode": "sm7x paged decode (split-KV) vs torch SDPA flash / memory-efficient",
+    "generate": "transformers generate(): TTFT and decode tokens/s, sdpa vs sm7x",
 }
 
 
@@ -16,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
         print("usage: python -m sm7x.bench BENCHMARK [options]  (BENCHMARK --help for options)")
         for name, what in BENCHMARKS.items():
-            print(f"  {name:<6} {what}")
+            print(f"  {name:<8} {what}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     import importlib
 

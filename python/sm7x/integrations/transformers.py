@@ -128,7 +128,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     elif q.shape[1] < k.shape[1]:
         # decode / chunked prefill against the cache: split-KV, GQA rows packed per K/V
         # tile (sm7x's serving kernels); no new keys to append, transformers did that
-        out = fa2.flash_attn_with_kvcache(q, k, v, **opts)
+        out = fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k), **opts)
     else:
         out = fa2.flash_attn_func(q, k, v, **opts)
     if v_hd != hd:
@@ -155,11 +155,33 @@ def _masked(q, k, v, mask, opts):
         mask.all()]).tolist()
     if ones:
         return (fa2.flash_attn_func(q, k, v, **opts) if sq >= length
-                else fa2.flash_attn_with_kvcache(q, k, v, **opts))
+                else fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k),
+                                                 **opts))
     if left_ok and sq < length and opts["causal"]:
-        return fa2.flash_attn_with_kvcache(q, k, v, cache_seqlens=length,
-                                           cache_leftpad=leftpad, **opts)
+        return fa2.flash_attn_with_kvcache(q, k, v, cache_seqlens=length, cache_leftpad=leftpad,
+                                           scheduler_metadata=_plan(q, k), **opts)
     return _unpadded(q, k, v, mask, lens, opts)
+
+
+_PLAN_KEYS = 256  # a decode plan serves the cache lengths up to the next multiple
+_plans: dict = {}
+
+
+def _plan(q, k):
+    """A DecodePlan per (stream, shape, key bound): a generate loop grows the cache by one
+    key a step, and one plan serves 256 steps of every layer instead of being rebuilt with
+    its workspace each call. Per stream, because the plan's workspace is its own."""
+    bound = -(-k.shape[1] // _PLAN_KEYS) * _PLAN_KEYS
+    stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+    key = (q.device, stream, q.shape[0], q.shape[1],
+           bound, q.shape[2], k.shape[2], q.shape[3])
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= 64:  # a long-running server sees many shapes: keep the recent
+            _plans.pop(next(iter(_plans)))
+        plan = _plans[key] = fa2.plan_decode(q.shape[0], q.shape[1], bound, q.shape[2],
+                                             k.shape[2], q.shape[3], device=q.device)
+    return plan
 
 
 def _unpadded(q, k, v, mask, lens, opts):

@@ -1,0 +1,201 @@
+"""transformers models generating through sm7x's kernels, against transformers' own
+attention, on a GPU.
+
+Small fp16 models built from configs with random weights (no download): Llama-style GQA
+(head dim 64), Qwen2-style with sliding-window layers (head dim 128), Gemma-2-style with
+logit softcap and sliding window (head dim 256). Greedy generation of 64 tokens from a
+batch of prompts of different lengths (left padded), with a dynamic and a static cache,
+without padding, and through continuous batching (``generate_batch`` with
+``"paged|sm7x"``, pages of 16 tokens, chunked prefill), compared with the same weights
+under ``"sdpa"`` (``"eager"`` for Gemma 2: transformers' SDPA path has no softcap).
+
+Equality: the generated tokens must be the same; where they are not, the logits of both
+runs must agree within LOGIT_TOL at every step up to the first difference, and at that
+step the reference's two candidate tokens must be within 2 * LOGIT_TOL of each other (a
+near tie that fp16 rounding can flip). The first difference and the errors are printed
+(-s) and written to $TRANSFORMERS_RESULTS_OUT (JSON) when set.
+
+Marked `gpu`; on GPUs newer than Turing SM7X_FA2_FORCE must name a library:
+
+    SM7X_FA2_FORCE=sm75 pytest -s tests/gpu/test_transformers_generate.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
+if not torch.cuda.is_available():
+    pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+transformers = pytest.importorskip("transformers", reason="needs transformers >= 5")
+
+from sm7x.integrations import transformers as sm7x_tf  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+NEW_TOKENS = 64
+LOGIT_TOL = 0.05
+PROMPTS = (37, 100, 5, 70)
+RESULTS: list[dict] = []
+
+
+def _config(kind: str):
+    common = dict(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                  max_position_embeddings=1024, pad_token_id=0, eos_token_id=None,
+                  bos_token_id=None)
+    if kind == "llama":  # GQA 4, head dim 64
+        return transformers.LlamaConfig(**common, num_attention_heads=8, num_key_value_heads=2,
+                                        head_dim=64), "sdpa"
+    if kind == "qwen2":  # GQA 2, head dim 128, sliding window on layers 2 and 3
+        cfg = transformers.Qwen2Config(**common, num_attention_heads=4, num_key_value_heads=2,
+                                       use_sliding_window=True, sliding_window=32,
+                                       max_window_layers=2)
+        cfg.layer_types = ["full_attention"] * 2 + ["sliding_attention"] * 2
+        return cfg, "sdpa"
+    if kind == "gemma2":  # head dim 256, softcap 50, alternating sliding window 32
+        return transformers.Gemma2Config(**common, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=256, sliding_window=32,
+                                         attn_logit_softcapping=50.0,
+                                         final_logit_softcapping=30.0,
+                                         query_pre_attn_scalar=256), "eager"
+    raise AssertionError(kind)
+
+
+_MODELS: dict = {}
+
+
+def _model(kind: str):
+    """(model, reference implementation); one set of weights per kind."""
+    if kind not in _MODELS:
+        cfg, ref = _config(kind)
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16)
+        _MODELS[kind] = (m.eval(), ref)
+    return _MODELS[kind]
+
+
+def _prompts(lens, vocab=1000):
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+def _left_pad(prompts):
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids.cuda(), mask.cuda()
+
+
+def _generate(model, impl, ids, mask, cache="dynamic"):
+    model.set_attn_implementation(impl)
+    with torch.inference_mode():
+        return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
+                              min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                              cache_implementation=cache, return_dict_in_generate=True,
+                              output_logits=True)
+
+
+def _compare(tag, ref, ours):
+    """Tokens equal, or a near tie at the first difference with logits within LOGIT_TOL
+    before it; returns the record."""
+    width = ref.sequences.shape[1] - NEW_TOKENS
+    rec = {"case": tag, "arch": os.environ.get("SM7X_FA2_FORCE"), "sequences": [],
+           "max_logit_err": 0.0}
+    for b in range(ref.sequences.shape[0]):
+        diff = (ref.sequences[b, width:] != ours.sequences[b, width:]).nonzero()
+        first = int(diff[0]) if diff.numel() else None
+        upto = NEW_TOKENS if first is None else first + 1
+        err = max((ref.logits[t][b].float() - ours.logits[t][b].float()).abs().max().item()
+                  for t in range(upto))
+        rec["max_logit_err"] = max(rec["max_logit_err"], err)
+        seq = {"first_difference": first, "max_logit_err": err}
+        if first is not None:
+            lg = ref.logits[first][b].float()
+            seq["tie_margin"] = (lg[ref.sequences[b, width + first]]
+                                 - lg[ours.sequences[b, width + first]]).item()
+        rec["sequences"].append(seq)
+    _report(rec)
+    assert rec["max_logit_err"] <= LOGIT_TOL, rec
+    for s in rec["sequences"]:
+        assert s["first_difference"] is None or s["tie_margin"] <= 2 * LOGIT_TOL, rec
+    return rec
+
+
+def _report(rec):
+    RESULTS.append(rec)
+    firsts = [s["first_difference"] for s in rec["sequences"]]
+    same = sum(f is None for f in firsts)
+    print(f"\n{rec['case']} [{rec['arch']}]: {same}/{len(firsts)} sequences token-equal over "
+          f"{NEW_TOKENS} tokens, first differences {firsts}, max |logit diff| "
+          f"{rec['max_logit_err']:.2e}")
+    out = os.environ.get("TRANSFORMERS_RESULTS_OUT")
+    if out:
+        with open(out, "w") as f:
+            json.dump(RESULTS, f, indent=1)
+
+
+KINDS = ["llama", "qwen2", "gemma2"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_padded_batch(kind, cache):
+    model, ref_impl = _model(kind)
+    ids, mask = _left_pad(_prompts(PROMPTS))
+    ref = _generate(model, ref_impl, ids, mask, cache)
+    ours = _generate(model, sm7x_tf.NAME, ids, mask, cache)
+    _compare(f"{kind} left-padded batch {list(PROMPTS)}, {cache} cache", ref, ours)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unpadded_batch(kind):
+    model, ref_impl = _model(kind)
+    ids, mask = _left_pad(_prompts((48, 48, 48)))
+    ref = _generate(model, ref_impl, ids, None)
+    ours = _generate(model, sm7x_tf.NAME, ids, None)
+    _compare(f"{kind} batch of 3 x 48, no padding", ref, ours)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_continuous_batching(kind):
+    """generate_batch through paged|sm7x against one reference generate per prompt."""
+    model, ref_impl = _model(kind)
+    prompts = _prompts(PROMPTS)
+    gen = transformers.GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0)
+    cb = transformers.ContinuousBatchingConfig(block_size=16, num_blocks=64,
+                                               max_batch_tokens=64)
+    model.set_attn_implementation(sm7x_tf.NAME)
+    # no_grad, not inference_mode: the batching thread updates the cache in place outside
+    # the caller's inference mode (transformers refuses that for any implementation)
+    with torch.no_grad():
+        got = model.generate_batch(inputs=prompts, generation_config=gen,
+                                   continuous_batching_config=cb, progress_bar=False)
+    rec = {"case": f"{kind} continuous batching {list(PROMPTS)}, pages of 16, 64 tokens/step",
+           "arch": os.environ.get("SM7X_FA2_FORCE"), "sequences": [], "max_logit_err": None}
+    by_prompt = {tuple(r.prompt_ids): r.generated_tokens for r in got.values()}
+    model.set_attn_implementation(ref_impl)
+    for p in prompts:
+        toks = by_prompt[tuple(p)]
+        with torch.inference_mode():
+            ref = model.generate(input_ids=torch.tensor([p], device="cuda"),
+                                 generation_config=gen)[0, len(p):].tolist()
+        first = next((i for i, (a, b) in enumerate(zip(ref, toks)) if a != b), None)
+        seq = {"first_difference": first}
+        if first is not None:  # the reference's logits at that prefix: a near tie?
+            prefix = torch.tensor([p + ref[:first]], device="cuda")
+            with torch.inference_mode():
+                lg = model(input_ids=prefix).logits[0, -1].float()
+            seq["tie_margin"] = (lg[ref[first]] - lg[toks[first]]).item()
+        rec["sequences"].append(seq)
+        assert len(toks) == NEW_TOKENS
+    _report({**rec, "max_logit_err": float("nan")})
+    for s in rec["sequences"]:
+        assert s["first_difference"] is None or s["tie_margin"] <= 2 * LOGIT_TOL, rec
