@@ -3,7 +3,8 @@ attention, on a GPU.
 
 Small fp16 models built from configs with random weights (no download): Llama-style GQA
 (head dim 64), Qwen2-style with sliding-window layers (head dim 128), Gemma-2-style with
-logit softcap and sliding window (head dim 256). Greedy generation of 64 tokens from a
+logit softcap and sliding window (head dim 256), Gemma-3-style (MQA, 5 sliding : 1 full
+layers, head dim 256). Greedy generation of 64 tokens from a
 batch of prompts of different lengths (left padded), with a dynamic and a static cache,
 without padding, and through continuous batching (``generate_batch`` with
 ``"paged|sm7x"``, pages of 16 tokens, chunked prefill), compared with the same weights
@@ -61,6 +62,11 @@ def _config(kind: str):
                                          attn_logit_softcapping=50.0,
                                          final_logit_softcapping=30.0,
                                          query_pre_attn_scalar=256), "eager"
+    if kind == "gemma3":  # head dim 256, 5 sliding (window 32, own rope base) : 1 full
+        return transformers.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 6}, num_attention_heads=4, num_key_value_heads=1,
+            head_dim=256, sliding_window=32, query_pre_attn_scalar=256,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"]), "sdpa"
     raise AssertionError(kind)
 
 
@@ -141,7 +147,7 @@ def _report(rec):
             json.dump(RESULTS, f, indent=1)
 
 
-KINDS = ["llama", "qwen2", "gemma2"]
+KINDS = ["llama", "qwen2", "gemma2", "gemma3"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

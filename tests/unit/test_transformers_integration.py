@@ -87,6 +87,7 @@ def fake(monkeypatch):
     f = FakeFa2()
     monkeypatch.setattr(tf_sm7x, "fa2", f)
     monkeypatch.setattr(tf_sm7x, "_plans", {})
+    monkeypatch.setattr(tf_sm7x, "_layouts", {})
     return f
 
 
@@ -108,6 +109,9 @@ def _model(kind: str, attn: str):
     elif kind == "gemma2":
         cfg = transformers.Gemma2Config(**common, sliding_window=6, attn_logit_softcapping=5.0,
                                         final_logit_softcapping=30.0, query_pre_attn_scalar=16)
+    elif kind == "gemma3":  # no softcap; sliding layers with their own rope base
+        cfg = transformers.Gemma3TextConfig(**common, sliding_window=6, query_pre_attn_scalar=16,
+                                            layer_types=["sliding_attention", "full_attention"])
     else:
         raise AssertionError(kind)
     torch.manual_seed(0)
@@ -155,7 +159,7 @@ def test_import_sm7x_integrations_imports_no_framework():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2", "gemma3"])
 @pytest.mark.parametrize("side", ["left", "right", "none"])
 def test_forward_logits_match_eager(fake, kind, side):
     ref, ours = _twin(kind)
@@ -171,7 +175,7 @@ def test_forward_logits_match_eager(fake, kind, side):
     assert fake.calls[0] == ("func" if side == "none" else "varlen"), fake.calls
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2", "gemma3"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_left_padded_matches_eager(fake, kind, cache):
     ref, ours = _twin(kind)
@@ -187,6 +191,21 @@ def test_generate_left_padded_matches_eager(fake, kind, cache):
     assert "kvcache+leftpad" in fake.calls, fake.calls
     decode_calls = fake.calls[len(fake.calls) // 2:]
     assert "varlen" not in decode_calls, fake.calls
+
+
+def test_mask_analysed_once_per_tensor_and_version(monkeypatch):
+    syncs = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: syncs.append(1) or real(t))
+    monkeypatch.setattr(tf_sm7x, "_layouts", {})
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    first = tf_sm7x._mask_layout(mask)
+    assert tf_sm7x._mask_layout(mask) is first and len(syncs) == 1  # every layer, one sync
+    assert first[3] and not first[4]  # left padded, not all ones
+    mask[0, 0] = 1  # changed in place: analysed again
+    again = tf_sm7x._mask_layout(mask)
+    assert len(syncs) == 2 and again[4]
+    assert not tf_sm7x._mask_layout(torch.tensor([[1, 0, 1]]))[3]  # a hole: not left padded
 
 
 def _first_difference(a, b):

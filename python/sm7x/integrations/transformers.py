@@ -144,15 +144,8 @@ def _masked(q, k, v, mask, opts):
     if length > k.shape[1] or mask.shape[0] != batch:
         _refuse(f"got a padding mask {tuple(mask.shape)} for {batch} sequences of "
                 f"{k.shape[1]} keys", "pass attention_mask as [batch, past + new tokens]")
-    k, v, mask = k[:, :length], v[:, :length], mask.bool()
-    lens = mask.sum(-1, dtype=torch.int32)
-    leftpad = (length - lens).to(torch.int32)
-    # One host sync picks the path: a mask of ones (a static cache's written slots) needs
-    # no mask; left padding (each row's keys one run that ends at L, what generate pads)
-    # is read in place; anything else is unpadded like transformers' flash path.
-    left_ok, ones = torch.stack([
-        (mask == (torch.arange(length, device=mask.device) >= leftpad[:, None])).all(),
-        mask.all()]).tolist()
+    k, v = k[:, :length], v[:, :length]
+    mask, lens, leftpad, left_ok, ones = _mask_layout(mask)
     if ones:
         return (fa2.flash_attn_func(q, k, v, **opts) if sq >= length
                 else fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k),
@@ -161,6 +154,33 @@ def _masked(q, k, v, mask, opts):
         return fa2.flash_attn_with_kvcache(q, k, v, cache_seqlens=length, cache_leftpad=leftpad,
                                            scheduler_metadata=_plan(q, k), **opts)
     return _unpadded(q, k, v, mask, lens, opts)
+
+
+_layouts: dict = {}
+
+
+def _mask_layout(mask):
+    """(bool mask, keys per row, left padding per row, left padded?, all ones?) of a padding
+    mask. One host sync decides the path: a mask of ones (a static cache's written slots)
+    needs no mask; left padding (each row's keys one run that ends at L, what generate
+    pads) is read in place; anything else is unpadded like transformers' flash path. A
+    model passes the same mask tensor to every layer of a step: it is analysed once (keyed
+    by the tensor itself and its version counter, so an in-place change is seen)."""
+    hit = _layouts.get(id(mask))
+    if hit is not None and hit[0] is mask and hit[1] == mask._version:
+        return hit[2]
+    b = mask.bool()
+    length = b.shape[1]
+    lens = b.sum(-1, dtype=torch.int32)
+    leftpad = (length - lens).to(torch.int32)
+    left_ok, ones = torch.stack([
+        (b == (torch.arange(length, device=b.device) >= leftpad[:, None])).all(),
+        b.all()]).tolist()
+    layout = (b, lens, leftpad, left_ok, ones)
+    if len(_layouts) >= 8:  # the masks of the current step (one per layer type) suffice
+        _layouts.clear()
+    _layouts[id(mask)] = (mask, mask._version, layout)
+    return layout
 
 
 _PLAN_KEYS = 256  # a decode plan serves the cache lengths up to the next multiple
