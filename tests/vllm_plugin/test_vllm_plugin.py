@@ -1,4 +1,4 @@
-"""sm7x's vLLM plugin against real vLLM Python on CPU (tests/vllm/run.sh: one run per pinned
+"""sm7x's vLLM plugin against real vLLM Python on CPU (tests/vllm_plugin/run.sh: one run per pinned
 vLLM version): the entry points as vLLM loads them, backend selection on 7.0/7.5 (and not
 on 8.0), configuration checks, metadata from vLLM's CommonAttentionMetadata, the cache
 write through slot_mapping into a cache laid out as vLLM allocates it, and forward with
@@ -13,7 +13,8 @@ import types
 import pytest
 
 torch = pytest.importorskip("torch")
-vllm = pytest.importorskip("vllm")
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: tests/vllm_plugin/run.sh "
+                                           "runs these against the pinned vLLM versions")
 
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.plugins import PLATFORM_PLUGINS_GROUP, load_plugins_by_group  # noqa: E402

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# CPU tests of sm7x's vLLM plugin (tests/vllm/) against each pinned vLLM, real vLLM Python
+# CPU tests of sm7x's vLLM plugin (tests/vllm_plugin/) against each pinned vLLM, real vLLM Python
 # without a GPU. ./test.sh runs it after the other tests; alone:
 #
-#     tests/vllm/run.sh                 # every version with a tests/vllm/requirements-*.txt
-#     tests/vllm/run.sh 0.33 -- -k cache   # one version, extra pytest arguments
+#     tests/vllm_plugin/run.sh                 # every version with a tests/vllm_plugin/requirements-*.txt
+#     tests/vllm_plugin/run.sh 0.33 -- -k cache   # one version, extra pytest arguments
 #
 # Each version gets a venv .sm7x/vllm-VERSION layered on .sm7x/test-env (a .pth adds the
 # test env's site-packages: torch, pytest, the editable sm7x with its CPU core library),
@@ -20,7 +20,7 @@ while (($#)); do
   versions+=("$1"); shift
 done
 if ((${#versions[@]} == 0)); then
-  for f in tests/vllm/requirements-*.txt; do versions+=("$(basename "$f" .txt | sed 's/^requirements-//')"); done
+  for f in tests/vllm_plugin/requirements-*.txt; do versions+=("$(basename "$f" .txt | sed 's/^requirements-//')"); done
 fi
 
 ensure_venv .sm7x/test-env python/sm7x_tools/requirements.txt tests/requirements.txt
@@ -33,7 +33,7 @@ test_env_site=$("$VENV_PY" -c "import sysconfig; print(sysconfig.get_paths()['pu
 
 status=0
 for v in "${versions[@]}"; do
-  req=tests/vllm/requirements-$v.txt
+  req=tests/vllm_plugin/requirements-$v.txt
   [[ -f $req ]] || { echo "no $req" >&2; exit 2; }
   venv=.sm7x/vllm-$v
   stamp="$venv/.requirements-$(cat "$req" <(echo "$test_env_site") | sha256sum | cut -d' ' -f1)"
@@ -47,6 +47,6 @@ for v in "${versions[@]}"; do
     touch "$stamp"
   fi
   echo "== sm7x vLLM plugin tests, vLLM $v" >&2
-  "$venv/bin/python" -m pytest -p no:cacheprovider tests/vllm "${pytest_args[@]}" || status=1
+  "$venv/bin/python" -m pytest -p no:cacheprovider tests/vllm_plugin "${pytest_args[@]}" || status=1
 done
 exit $status

@@ -1,5 +1,5 @@
-"""CPU tests of sm7x's vLLM plugin against real vLLM Python (tests/vllm/run.sh installs the
-pinned versions). Without vLLM (the plain ./test.sh environment) every test here skips.
+"""CPU tests of sm7x's vLLM plugin against real vLLM Python (tests/vllm_plugin/run.sh installs the
+pinned versions). Without vLLM (the plain test environment) the tests here skip.
 
 vLLM's compiled extensions (vllm/_C*.so and siblings) are built for CUDA torch and do not
 load on CPU torch: each is replaced by an empty module before vLLM is imported. Nothing
@@ -23,16 +23,6 @@ if _spec is not None:
         if _f.endswith(".so"):
             _name = "vllm." + _f.split(".")[0]
             sys.modules.setdefault(_name, types.ModuleType(_name))
-
-
-def pytest_collection_modifyitems(config, items):
-    if _spec is not None:
-        return
-    skip = pytest.mark.skip(reason="vLLM is not installed here: tests/vllm/run.sh runs these "
-                                   "against the pinned vLLM versions")
-    for item in items:
-        if "tests/vllm/" in str(item.fspath).replace(os.sep, "/"):
-            item.add_marker(skip)
 
 
 @pytest.fixture
