@@ -1,0 +1,118 @@
+"""The vLLM backend's compute path, without vLLM: the views of vLLM's KV cache, the cache
+write through slot_mapping, the attention call, and the per-batch metadata.
+
+backend.py (which imports vLLM) delegates every tensor operation here, so the GPU test
+(tests/gpu/test_vllm_backend.py) runs exactly this code on a machine where vLLM cannot be
+installed, with tensors laid out as vLLM lays them out.
+
+vLLM's KV cache, per attention layer (vLLM 0.26 and 0.33 alike): one tensor of logical
+shape ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``, K and V packed in the last
+dim, physically ordered by the cache layout (NHD by default: ``[num_blocks, block_size,
+num_kv_heads, 2 * head_size]`` in memory). ``transpose(1, 2).split(head_size, -1)`` gives
+the K and V caches ``[num_blocks, block_size, num_kv_heads, head_size]`` that the sm7x
+kernels read in place through their strides (NHD: token stride ``num_kv_heads * 2 *
+head_size``, head stride ``2 * head_size``; neither view is contiguous).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ... import fa2, ops
+
+# The page sizes (vLLM "kernel block sizes") the paged kernels take are powers of two;
+# these are the ones offered to vLLM (it picks one that divides its block size).
+KERNEL_BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
+def is_kernel_block_size(block_size: int) -> bool:
+    return block_size >= 16 and block_size & (block_size - 1) == 0
+# Cache dtypes ("--kv-cache-dtype") stored as float16, the only dtype the kernels read.
+FP16_KV_CACHE_DTYPES = ("auto", "float16")
+
+
+@dataclass
+class Sm7xAttentionMetadata:
+    """One batch, as the kernels take it (built by the vLLM metadata builder from vLLM's
+    CommonAttentionMetadata; the GPU test builds it directly).
+
+    A batch may mix prefill chunks and decodes: request ``i`` has queries
+    ``query_start_loc[i]:query_start_loc[i + 1]``, the last of its ``seq_lens[i]`` keys,
+    causal bottom-right aligned."""
+
+    num_actual_tokens: int  # tokens to compute (query and output rows past it: padding)
+    max_query_len: int
+    query_start_loc: torch.Tensor  # int32 [num_reqs + 1], on the device
+    max_seq_len: int  # at least every seq_lens entry (the kernels' bound)
+    seq_lens: torch.Tensor  # int32 [num_reqs]: keys per request, new tokens included
+    block_table: torch.Tensor  # int32 [num_reqs, max_blocks_per_req]
+    slot_mapping: torch.Tensor  # int64 [num_tokens]: cache slot of each new token, -1 padding
+    # sm7x.fa2.DecodePlan for batches vLLM captures in a CUDA graph: planned once per batch
+    # shape with max_seq_len as the key bound, so a replay needs no host sync or allocation.
+    plan: fa2.DecodePlan | None = None
+
+
+def kv_cache_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's packed per-layer cache -> (key_cache, value_cache), each ``[num_blocks,
+    block_size, num_kv_heads, head_size]``: views, nothing is copied."""
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4 \
+            or kv_cache.shape[-1] != 2 * head_size:
+        shape = tuple(kv_cache.shape) if isinstance(kv_cache, torch.Tensor) else type(kv_cache)
+        raise ValueError(
+            f"sm7x vLLM backend: kv_cache must be vLLM's packed cache [num_blocks, "
+            f"num_kv_heads, block_size, 2 * head_size={2 * head_size}], got {shape}")
+    if kv_cache.dtype != torch.float16:
+        raise TypeError(
+            f"sm7x vLLM backend: the KV cache is {kv_cache.dtype}, but the sm7x kernels read "
+            f"float16 only: run vLLM with --kv-cache-dtype auto and --dtype float16")
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(head_size, dim=-1)
+    return key_cache, value_cache
+
+
+def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor, head_size: int) -> None:
+    """Writes the new tokens' ``key``/``value`` ``[num_tokens, num_kv_heads, head_size]``
+    into the cache at ``slot_mapping`` (slot = block * block_size + offset; negative slots
+    are padding and skipped). vLLM may pass more key rows than slots (padded batches):
+    only the first ``len(slot_mapping)`` are written. One sm7x.ops.reshape_and_cache call,
+    which takes the strided cache views and runs inside CUDA graphs."""
+    key_cache, value_cache = kv_cache_views(kv_cache, head_size)
+    n = slot_mapping.shape[0]
+    if key.shape[0] < n or value.shape[0] < n:
+        raise ValueError(
+            f"sm7x vLLM backend: slot_mapping has {n} slots but key/value hold "
+            f"{key.shape[0]}/{value.shape[0]} tokens")
+    ops.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, slot_mapping)
+
+
+def attention(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
+              metadata: Sm7xAttentionMetadata, *, head_size: int, scale: float,
+              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> torch.Tensor:
+    """Causal attention of ``query [num_tokens, num_heads, head_size]`` over the paged
+    cache, written into ``output`` (same shape) for the first ``num_actual_tokens`` rows;
+    returns ``output``. GQA: num_heads a multiple of the cache's num_kv_heads."""
+    key_cache, value_cache = kv_cache_views(kv_cache, head_size)
+    n = metadata.num_actual_tokens
+    fa2.flash_attn_varlen_func(
+        query[:n], key_cache, value_cache,
+        cu_seqlens_q=metadata.query_start_loc, cu_seqlens_k=None,
+        max_seqlen_q=metadata.max_query_len, max_seqlen_k=metadata.max_seq_len,
+        softmax_scale=scale, causal=True, window_size=window_size, softcap=softcap,
+        block_table=metadata.block_table, seqused_k=metadata.seq_lens, out=output[:n],
+        scheduler_metadata=metadata.plan)
+    return output
+
+
+def window_of(sliding_window: int | None) -> tuple[int, int]:
+    """vLLM's sliding_window (keys a query sees, itself included) as flash-attn's
+    (left, right) window of a causal decoder."""
+    return (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
+
+
+def make_plan(num_reqs: int, max_query_len: int, max_seq_len: int, num_heads: int,
+              num_kv_heads: int, head_size: int, device) -> fa2.DecodePlan:
+    """The split-KV plan (and its workspace) of one captured batch shape."""
+    return fa2.plan_decode(num_reqs, max_query_len, max_seq_len, num_heads, num_kv_heads,
+                           head_size, device=device)

@@ -1,0 +1,490 @@
+"""sm7x's vLLM plugin against real vLLM Python on CPU (tests/vllm_plugin/run.sh: one run per pinned
+vLLM version): the entry points as vLLM loads them, backend selection on 7.0/7.5 (and not
+on 8.0), configuration checks, metadata from vLLM's CommonAttentionMetadata, the cache
+write through slot_mapping into a cache laid out as vLLM allocates it, and forward with
+the kernel op replaced by a float32 reference (sm7x.fa2's Python path runs unchanged)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: tests/vllm_plugin/run.sh "
+                                           "runs these against the pinned vLLM versions")
+
+from vllm.platforms.interface import DeviceCapability  # noqa: E402
+from vllm.plugins import PLATFORM_PLUGINS_GROUP, load_plugins_by_group  # noqa: E402
+from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm.v1.attention.selector import AttentionSelectorConfig  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+
+import sm7x.integrations.vllm as plugin  # noqa: E402
+from sm7x.fa2 import _serving  # noqa: E402
+from sm7x.integrations.vllm import _compute  # noqa: E402
+from sm7x.integrations.vllm.backend import (  # noqa: E402
+    Sm7xFlashAttentionBackend as Backend,
+    Sm7xFlashAttentionImpl as Impl,
+    Sm7xMetadataBuilder as Builder,
+)
+from sm7x.integrations.vllm.platform import Sm7xCudaPlatform  # noqa: E402
+from vllm.platforms.cuda import CudaPlatform  # noqa: E402
+
+V026 = vllm.__version__.startswith("0.26")
+F16 = torch.float16
+
+
+def selector(**kw):
+    args = dict(head_size=128, dtype=F16, kv_cache_dtype="auto", block_size=16)
+    args.update(kw)
+    return AttentionSelectorConfig(**args)
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """Makes the sm7x platform (and vLLM's CudaPlatform under it) report a capability."""
+    def set_cap(major, minor):
+        monkeypatch.setattr(Sm7xCudaPlatform, "get_device_capability",
+                            classmethod(lambda cls, device_id=0: DeviceCapability(major, minor)))
+    return set_cap
+
+
+# ---------------------------------------------------------------------------------------
+# entry points and registration
+
+
+def test_entry_points_are_what_vllm_loads(custom_backend_clear, monkeypatch):
+    from vllm import plugins
+
+    monkeypatch.setattr(plugins, "plugins_loaded", False)
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    plugins.load_general_plugins()
+    assert custom_backend_clear.get_path() == plugin.BACKEND
+    assert custom_backend_clear.get_class() is Backend
+    assert AttentionBackendEnum[Backend.get_name()] is AttentionBackendEnum.CUSTOM
+    loaded = load_plugins_by_group(PLATFORM_PLUGINS_GROUP)
+    assert loaded["sm7x"] is plugin.platform_plugin
+
+
+def test_register_leaves_another_plugins_custom_backend(custom_backend_clear, sm7x_log):
+    from vllm.v1.attention.backends.registry import register_backend
+
+    register_backend(custom_backend_clear, "other.plugin.Backend")
+    plugin.register()
+    assert custom_backend_clear.get_path() == "other.plugin.Backend"
+    assert any("already registered" in r.getMessage() for r in sm7x_log)
+
+
+@pytest.mark.parametrize("caps, expect", [
+    ([(7, 5)], plugin.PLATFORM), ([(7, 0), (7, 0)], plugin.PLATFORM),
+    ([(8, 0)], None), ([(9, 0), (8, 6)], None), ([], None), ([(7, 2)], None)])
+def test_platform_plugin_activates_on_volta_turing_only(monkeypatch, caps, expect):
+    monkeypatch.setattr(plugin, "_nvml_capabilities", lambda: caps)
+    assert plugin.platform_plugin() == expect
+    monkeypatch.setenv(plugin.PLATFORM_ENV, "0")
+    assert plugin.platform_plugin() is None
+
+
+def test_platform_plugin_never_raises(monkeypatch):
+    def boom():
+        raise RuntimeError("NVML Shared Library Not Found")
+    monkeypatch.setattr(plugin, "_nvml_capabilities", boom)
+    assert plugin.platform_plugin() is None
+
+
+def test_vllm_resolves_the_sm7x_platform_on_turing(monkeypatch):
+    import vllm.platforms as platforms
+
+    monkeypatch.setattr(plugin, "_nvml_capabilities", lambda: [(7, 5)])
+    assert platforms.resolve_current_platform_cls_qualname() == plugin.PLATFORM
+    monkeypatch.setattr(plugin, "_nvml_capabilities", lambda: [(8, 0)])
+    assert platforms.resolve_current_platform_cls_qualname() != plugin.PLATFORM
+
+
+# ---------------------------------------------------------------------------------------
+# selection
+
+
+@pytest.mark.parametrize("cap", [(7, 0), (7, 5)])
+def test_selected_on_volta_and_turing(on_gpu, fa2_libraries, custom_backend_clear, sm7x_log,
+                                      monkeypatch, cap):
+    monkeypatch.setattr(CudaPlatform, "get_attn_backend_cls",
+                        classmethod(lambda cls, *a, **k: pytest.fail("vLLM's choice was asked")))
+    on_gpu(*cap)
+    path = Sm7xCudaPlatform.get_attn_backend_cls(None, selector(), 32)
+    assert path == plugin.BACKEND
+    assert custom_backend_clear.get_path() == plugin.BACKEND  # registered on the way
+    assert any("Using the sm7x FlashAttention-2" in r.getMessage() and
+               f"{cap[0]}.{cap[1]}" in r.getMessage() for r in sm7x_log)
+
+
+@pytest.mark.parametrize("cap", [(8, 0), (9, 0), (7, 2), (6, 1)])
+def test_not_selected_elsewhere(on_gpu, fa2_libraries, custom_backend_clear, monkeypatch, cap):
+    monkeypatch.setattr(CudaPlatform, "get_attn_backend_cls",
+                        classmethod(lambda cls, *a, **k: "vllm.default.Backend"))
+    on_gpu(*cap)
+    assert Sm7xCudaPlatform.get_attn_backend_cls(None, selector(), 32) == "vllm.default.Backend"
+
+
+def test_explicit_backend_is_vllms_business(on_gpu, fa2_libraries, monkeypatch):
+    seen = []
+    monkeypatch.setattr(CudaPlatform, "get_attn_backend_cls",
+                        classmethod(lambda cls, b, *a, **k: seen.append(b) or "x.Y"))
+    on_gpu(7, 5)
+    assert Sm7xCudaPlatform.get_attn_backend_cls(AttentionBackendEnum.TRITON_ATTN,
+                                                 selector(), 32) == "x.Y"
+    assert seen == [AttentionBackendEnum.TRITON_ATTN]
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(dtype=torch.bfloat16), "--dtype float16"),
+    (dict(kv_cache_dtype="fp8"), "--kv-cache-dtype auto"),
+    (dict(head_size=100), "head size 100"),
+    (dict(has_sink=True), "sinks"),
+    (dict(use_mla=True), "MLA"),
+    (dict(attn_type="encoder_only"), "encoder_only"),
+    (dict(block_size=8), "block_size"),
+])
+def test_falls_back_with_reason(on_gpu, fa2_libraries, custom_backend_clear, sm7x_log,
+                                monkeypatch, change, why):
+    monkeypatch.setattr(CudaPlatform, "get_attn_backend_cls",
+                        classmethod(lambda cls, *a, **k: "vllm.default.Backend"))
+    on_gpu(7, 5)
+    assert Sm7xCudaPlatform.get_attn_backend_cls(None, selector(**change), 32) == \
+        "vllm.default.Backend"
+    assert any("not used" in r.getMessage() and why in r.getMessage() for r in sm7x_log), \
+        [r.getMessage() for r in sm7x_log]
+
+
+def test_missing_library_falls_back_naming_the_package(on_gpu, custom_backend_clear,
+                                                       sm7x_log, monkeypatch, tmp_path):
+    from sm7x import _select
+
+    monkeypatch.setenv(_select.LIBRARY_PATH_ENV, str(tmp_path))  # nothing there
+    monkeypatch.setattr(_select, "library_path", lambda arch: None)
+    monkeypatch.setattr(CudaPlatform, "get_attn_backend_cls",
+                        classmethod(lambda cls, *a, **k: "vllm.default.Backend"))
+    on_gpu(7, 0)
+    assert Sm7xCudaPlatform.get_attn_backend_cls(None, selector(), 32) == "vllm.default.Backend"
+    assert any("sm7x-fa2-sm70" in r.getMessage() for r in sm7x_log)
+
+
+def test_custom_on_ampere_is_refused_by_vllm(on_gpu, fa2_libraries, custom_backend_clear):
+    """--attention-backend CUSTOM on 8.0: vLLM's own check of the selected backend refuses
+    it, saying why (real vLLM code path)."""
+    plugin.register()
+    on_gpu(8, 0)
+    with pytest.raises(ValueError, match="compute capability not supported"):
+        Sm7xCudaPlatform.get_attn_backend_cls(AttentionBackendEnum.CUSTOM, selector(), 32)
+
+
+@pytest.mark.parametrize("cap, ok", [((7, 0), True), ((7, 5), True), ((7, 2), False),
+                                     ((8, 0), False), ((9, 0), False), ((6, 1), False)])
+def test_supports_compute_capability(cap, ok):
+    assert Backend.supports_compute_capability(DeviceCapability(*cap)) is ok
+
+
+def test_backend_declarations():
+    assert Backend.supported_dtypes == [F16]
+    assert set(Backend.supported_kv_cache_dtypes) == {"auto", "float16"}
+    assert Backend.supports_sliding_window()
+    assert not Backend.supports_sink() and not Backend.is_mla()
+    assert Backend.forward_includes_kv_cache_update is False
+    assert Backend.supports_block_size(16) and Backend.supports_block_size(48)
+    assert not Backend.supports_block_size(8)
+    assert 128 in Backend.get_supported_head_sizes() and 100 not in Backend.get_supported_head_sizes()
+    from vllm.v1.attention.backend import AttentionCGSupport
+    assert Builder.get_cudagraph_support(None, None) == AttentionCGSupport.UNIFORM_BATCH
+
+
+# ---------------------------------------------------------------------------------------
+# the impl's configuration checks
+
+
+def impl(**kw):
+    args = dict(num_heads=8, head_size=64, scale=0.125, num_kv_heads=2, alibi_slopes=None,
+                sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None)
+    args.update(kw)
+    return Impl(**args)
+
+
+@pytest.mark.parametrize("change, exc, match", [
+    (dict(kv_cache_dtype="fp8"), ValueError, "--kv-cache-dtype auto"),
+    (dict(kv_cache_dtype="bfloat16"), ValueError, "--kv-cache-dtype auto"),
+    (dict(alibi_slopes=[1.0] * 8), NotImplementedError, "ALiBi"),
+    (dict(sinks=torch.zeros(8)), NotImplementedError, "sinks"),
+    (dict(attn_type="encoder_only"), NotImplementedError, "decoder"),
+    (dict(head_size=100), ValueError, "head size 100"),
+    (dict(num_kv_heads=3), ValueError, "multiple of num_kv_heads"),
+])
+def test_impl_refuses(change, exc, match):
+    with pytest.raises(exc, match=match):
+        impl(**change)
+
+
+def test_impl_refuses_bf16_model_naming_the_flag(monkeypatch):
+    import sm7x.integrations.vllm.backend as be
+
+    cfg = types.SimpleNamespace(model_config=types.SimpleNamespace(dtype=torch.bfloat16))
+    monkeypatch.setattr(be, "get_current_vllm_config_or_none", lambda: cfg)
+    with pytest.raises(ValueError, match="--dtype float16"):
+        impl()
+
+
+def test_impl_options():
+    i = impl(sliding_window=4096, logits_soft_cap=30.0)
+    assert i.sliding_window == (4095, 0) and i.logits_soft_cap == 30.0
+    j = impl()
+    assert j.sliding_window == (-1, -1) and j.logits_soft_cap == 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# the KV cache as vLLM allocates it
+
+
+def vllm_kv_cache(num_blocks, block_size, hk, d, layout="NHD", monkeypatch=None):
+    """One layer's cache the way vLLM's model runner makes it: memory in the physical
+    order, handed to the backend as the logical [blocks, heads, tokens, 2D] view. 0.26
+    asks the backend for shape and order; 0.33's logical shape is fixed and the layout
+    (LBNHC = NHD by default) decides the order."""
+    if V026:
+        if monkeypatch is not None:
+            import vllm.v1.attention.backends.utils as u
+            monkeypatch.setattr(u, "get_kv_cache_layout", lambda: layout)
+        shape = Backend.get_kv_cache_shape(num_blocks, block_size, hk, d)
+        order = Backend.get_kv_cache_stride_order()
+    else:
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        assert Backend.supported_kv_cache_layouts() is None  # any layout
+        shape = (num_blocks, hk, block_size, 2 * d)
+        order = (KVCacheLayout.LBNHC if layout == "NHD" else KVCacheLayout.LBHNC).layer_view_order
+    physical = torch.zeros([shape[i] for i in order], dtype=F16)
+    inverse = [order.index(i) for i in range(4)]
+    kv = physical.permute(*inverse)
+    assert kv.shape == shape
+    return kv
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cache_write_through_slot_mapping(layout, monkeypatch):
+    pytest.importorskip("sm7x._core_loader").load()
+    nb, bs, hk, d = 6, 16, 2, 64
+    kv = vllm_kv_cache(nb, bs, hk, d, layout, monkeypatch)
+    if layout == "NHD":
+        assert kv.stride() == (bs * hk * 2 * d, 2 * d, hk * 2 * d, 1)
+    g = torch.Generator().manual_seed(0)
+    # a qkv buffer as vLLM's projections leave it: key/value are column slices of it
+    qkv = torch.randn(12, (8 + 2 * hk) * d, generator=g).to(F16)
+    key = qkv[:, 8 * d:(8 + hk) * d].view(12, hk, d)
+    value = qkv[:, (8 + hk) * d:].view(12, hk, d)
+    slots = torch.tensor([5, 17, 18, 95, -1, 40, 41, 0, 80, -1], dtype=torch.int64)
+    impl().do_kv_cache_update(None, key, value, kv, slots)  # 12 rows, 10 slots
+    want = torch.zeros(nb, hk, bs, 2 * d, dtype=F16)
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            want[s // bs, :, s % bs, :d] = key[t]
+            want[s // bs, :, s % bs, d:] = value[t]
+    assert torch.equal(kv, want)
+
+
+# ---------------------------------------------------------------------------------------
+# metadata from vLLM's CommonAttentionMetadata
+
+
+def common_metadata(query_lens, seq_lens, block_size=16, max_blocks=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qsl = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
+    n = int(qsl[-1])
+    bt = torch.randperm(len(query_lens) * max_blocks, generator=g).to(torch.int32).view(
+        len(query_lens), max_blocks)
+    slot = []
+    for r, (ql, sl) in enumerate(zip(query_lens, seq_lens)):
+        for p in range(sl - ql, sl):
+            slot.append(int(bt[r, p // block_size]) * block_size + p % block_size)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=len(query_lens),
+        num_actual_tokens=n, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        block_table_tensor=bt, slot_mapping=torch.tensor(slot, dtype=torch.int64))
+
+
+@pytest.fixture(autouse=True)
+def sm7x_platform(monkeypatch):
+    """vLLM's current platform is the sm7x one (what vLLM resolves on a T4), so vLLM's
+    config objects can be made here."""
+    import vllm.platforms
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", Sm7xCudaPlatform())
+
+
+def builder(**over):
+    from vllm.config import VllmConfig
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=F16)
+    b = Builder(spec, ["model.layers.0.self_attn.attn"], VllmConfig(), torch.device("cpu"))
+    for k, v in over.items():
+        setattr(b, k, v)
+    return b
+
+
+def test_metadata_from_common_metadata(on_gpu):
+    on_gpu(7, 5)
+    m = common_metadata([5, 1, 1, 3], [5, 20, 9, 40])  # prefill, 2 decodes, a chunk
+    md = builder().build(0, m)
+    assert isinstance(md, _compute.Sm7xAttentionMetadata)
+    assert md.query_start_loc is m.query_start_loc and md.seq_lens is m.seq_lens
+    assert md.block_table is m.block_table_tensor and md.slot_mapping is m.slot_mapping
+    assert (md.num_actual_tokens, md.max_query_len, md.max_seq_len) == (10, 5, 40)
+    assert md.plan is None  # CPU: no CUDA graphs
+
+
+def test_decode_batches_get_one_cached_plan(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_compute, "make_plan", lambda *a: calls.append(a) or object())
+    b = builder(plan_decodes=True, max_graph_tokens=512, max_model_len=4096, num_heads=8)
+    decode = common_metadata([1, 1, 1], [7, 30, 2])
+    md1, md2 = b.build(0, decode), b.build(0, common_metadata([1, 1, 1], [50, 3, 9]))
+    assert md1.plan is not None and md2.plan is md1.plan  # one plan per batch shape
+    assert md1.max_seq_len == 4096  # the plan's key bound, fixed in the graph
+    assert calls == [(3, 1, 4096, 8, 2, 64, torch.device("cpu"))]
+    assert b.build(0, common_metadata([4, 1], [4, 9])).plan is None  # a prefill: no graph
+    b.max_graph_tokens = 2
+    assert b.build(0, decode).plan is None  # larger than vLLM captures
+
+
+def test_non_causal_and_cascade_refused():
+    m = common_metadata([2, 1], [2, 5])
+    with pytest.raises(NotImplementedError, match="causal"):
+        builder().build(0, m.__class__(**{**m.__dict__, "causal": False}))
+    with pytest.raises(NotImplementedError, match="cascade"):
+        builder().build(16, m)
+
+
+# ---------------------------------------------------------------------------------------
+# forward, with sm7x.fa2's kernel op replaced by a float32 reference
+
+
+class ReferenceOps:
+    """fwd_serving of the FA2 libraries in float32 torch on CPU: reads the paged K/V views
+    through block_table exactly as the kernels are handed them."""
+
+    name = "sm7x_fa2_sm75"
+
+    def __init__(self):
+        self.calls = 0
+
+    def fwd_serving(self, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
+                    cu_seqlens_k, block_table, cache_batch_idx, leftpad, partitions,
+                    split_offsets, o_accum, lse_accum, max_seqlen_q, seqlen_k_bound,
+                    seqused_add, scale, causal, left, right, softcap):
+        self.calls += 1
+        ps = k_cache.shape[1]
+        for b in range(cu_seqlens_q.shape[0] - 1):
+            q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+            n = int(seqused_k[b])
+            pos = torch.arange(n)
+            pages = block_table[b].long()[pos // ps]
+            k = k_cache[pages, pos % ps].float()  # [n, hk, d]
+            v = v_cache[pages, pos % ps].float()
+            out[q0:q1] = reference(q[q0:q1].float(), k, v, scale, left, right, softcap).to(out.dtype)
+
+
+def reference(q, k, v, scale, left=-1, right=0, softcap=0.0):
+    """float32 causal (bottom-right) GQA attention of q [sq, h, d] over k/v [sk, hk, d]."""
+    sq, h, _ = q.shape
+    sk, hk = k.shape[0], k.shape[1]
+    k = k.repeat_interleave(h // hk, dim=1)
+    v = v.repeat_interleave(h // hk, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq)[:, None] + (sk - sq)
+    j = torch.arange(sk)[None, :]
+    ok = j <= i + (right if right >= 0 else sk)
+    if left >= 0:
+        ok &= j >= i - left
+    s = s.masked_fill(~ok, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1).nan_to_num(0.0), v)
+
+
+@pytest.fixture
+def reference_kernel(monkeypatch):
+    import sm7x.fa2 as fa2
+
+    ops = ReferenceOps()
+    monkeypatch.setattr(fa2, "_check_cuda", lambda fn, q: None)
+    monkeypatch.setattr(_serving, "_check_cuda", lambda fn, q: None)
+    monkeypatch.setattr(_serving, "_ops_for", lambda t: ops)
+    monkeypatch.setattr(_serving, "_plan_for", lambda fn, ops_, q, *a: (
+        types.SimpleNamespace(partitions=None, split_offsets=None), None, None))
+    return ops
+
+
+@pytest.mark.parametrize("window, softcap", [(None, None), (24, None), (None, 30.0)])
+def test_forward_mixed_batch_gqa(reference_kernel, monkeypatch, on_gpu, window, softcap):
+    """A batch mixing a prefill, decodes and prefill chunks over a cached prefix: the
+    context is written first (earlier steps), then the step's new tokens through
+    do_kv_cache_update, then forward; compared with attention over the full sequences."""
+    pytest.importorskip("sm7x._core_loader").load()
+    on_gpu(7, 5)
+    h, hk, d, bs = 8, 2, 64, 16
+    query_lens, seq_lens = [17, 1, 1, 9, 1], [17, 40, 3, 70, 16]
+    m = common_metadata(query_lens, seq_lens, block_size=bs, max_blocks=5, seed=3)
+    g = torch.Generator().manual_seed(1)
+    keys = [torch.randn(n, hk, d, generator=g).to(F16) for n in seq_lens]
+    vals = [torch.randn(n, hk, d, generator=g).to(F16) for n in seq_lens]
+    qs = [torch.randn(ql, h, d, generator=g).to(F16) for ql in query_lens]
+    kv = vllm_kv_cache(m.block_table_tensor.numel(), bs, hk, d, "NHD", monkeypatch)
+    layer = impl(num_heads=h, num_kv_heads=hk, head_size=d, scale=d ** -0.5,
+                 sliding_window=window, logits_soft_cap=softcap)
+    bt = m.block_table_tensor
+    ctx_k = torch.cat([k[: n - ql] for k, n, ql in zip(keys, seq_lens, query_lens)])
+    ctx_v = torch.cat([v[: n - ql] for v, n, ql in zip(vals, seq_lens, query_lens)])
+    ctx_slots = torch.tensor([int(bt[r, p // bs]) * bs + p % bs
+                              for r, (n, ql) in enumerate(zip(seq_lens, query_lens))
+                              for p in range(n - ql)], dtype=torch.int64)
+    layer.do_kv_cache_update(None, ctx_k, ctx_v, kv, ctx_slots)
+    new_k = torch.cat([k[n - ql:] for k, n, ql in zip(keys, seq_lens, query_lens)])
+    new_v = torch.cat([v[n - ql:] for v, n, ql in zip(vals, seq_lens, query_lens)])
+    pad = 3  # vLLM pads the token count of a batch; slot_mapping stays unpadded
+    query = torch.cat([torch.cat(qs), torch.zeros(pad, h, d, dtype=F16)])
+    new_k = torch.cat([new_k, torch.zeros(pad, hk, d, dtype=F16)])
+    new_v = torch.cat([new_v, torch.zeros(pad, hk, d, dtype=F16)])
+    layer.do_kv_cache_update(None, new_k, new_v, kv, m.slot_mapping)
+    md = builder().build(0, m)
+    output = torch.full((query.shape[0], h, d), float("nan"), dtype=F16)
+    layer.forward(None, query, new_k, new_v, kv, md, output)
+    assert reference_kernel.calls == 1
+    left = -1 if window is None else window - 1
+    want = torch.cat([reference(q.float(), k.float(), v.float(), d ** -0.5, left, 0, softcap or 0.0)
+                      for q, k, v in zip(qs, keys, vals)])
+    err = (output[: m.num_actual_tokens].float() - want).abs().max().item()
+    assert err < 2e-3, err
+    assert torch.isnan(output[m.num_actual_tokens:]).all()  # padding rows untouched
+
+
+def test_profiling_run_without_metadata():
+    out = torch.full((4, 8, 64), 7.0, dtype=F16)
+    assert impl().forward(None, out, None, None, torch.empty(0), None, out) is out
+    assert (out == 0).all()
+
+
+def test_forward_refuses_bf16_cache(on_gpu):
+    kv = torch.zeros(2, 2, 16, 128, dtype=torch.bfloat16)
+    md = builder().build(0, common_metadata([1], [3]))
+    with pytest.raises(TypeError, match="--kv-cache-dtype auto"):
+        impl().forward(None, torch.zeros(1, 8, 64, dtype=F16), None, None, kv, md,
+                       torch.zeros(1, 8, 64, dtype=F16))
+
+
+def test_importing_the_entry_point_module_is_light():
+    import subprocess
+
+    code = ("import sys, sm7x.integrations.vllm; "
+            "assert not {'torch', 'vllm'} & set(sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
