@@ -182,7 +182,7 @@ def test_generate_left_padded_matches_eager(fake, kind, cache):
     ids, mask = _batch([9, 3, 6])
     kw = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True,
               output_scores=True, cache_implementation=cache)
-    with torch.no_grad():
+    with torch.inference_mode():  # inference tensors: no version counters (a real trap)
         a = ref.generate(input_ids=ids, attention_mask=mask, **kw)
         b = ours.generate(input_ids=ids, attention_mask=mask, **kw)
     first = _first_difference(a, b)
@@ -193,19 +193,23 @@ def test_generate_left_padded_matches_eager(fake, kind, cache):
     assert "varlen" not in decode_calls, fake.calls
 
 
-def test_mask_analysed_once_per_tensor_and_version(monkeypatch):
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_mask_analysed_once_per_forward(monkeypatch, mode):
     syncs = []
     real = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: syncs.append(1) or real(t))
     monkeypatch.setattr(tf_sm7x, "_layouts", {})
-    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    first = tf_sm7x._mask_layout(mask)
-    assert tf_sm7x._mask_layout(mask) is first and len(syncs) == 1  # every layer, one sync
-    assert first[3] and not first[4]  # left padded, not all ones
-    mask[0, 0] = 1  # changed in place: analysed again
-    again = tf_sm7x._mask_layout(mask)
-    assert len(syncs) == 2 and again[4]
-    assert not tf_sm7x._mask_layout(torch.tensor([[1, 0, 1]]))[3]  # a hole: not left padded
+    with mode():
+        mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+        first = tf_sm7x._mask_layout(mask, 0)
+        for layer in (1, 2, 3):  # the later layers of the forward: no new sync
+            assert tf_sm7x._mask_layout(mask, layer) is first
+        assert len(syncs) == 1 and first[3] and not first[4]  # left padded, not all ones
+        mask[0, 0] = 1  # changed in place between forwards: the next forward sees it
+        again = tf_sm7x._mask_layout(mask, 0)
+        assert len(syncs) == 2 and again[4]
+        assert tf_sm7x._mask_layout(mask, None) is not again  # no layer index: no reuse
+        assert not tf_sm7x._mask_layout(torch.tensor([[1, 0, 1]]), 0)[3]  # a hole
 
 
 def _first_difference(a, b):

@@ -122,7 +122,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     opts = dict(softmax_scale=scaling, causal=causal, window_size=_window(sliding_window, causal),
                 softcap=softcap or 0.0)
     if attention_mask is not None:
-        out = _masked(q, k, v, attention_mask, opts)
+        out = _masked(q, k, v, attention_mask, opts, getattr(module, "layer_idx", None))
     elif kwargs.get("cu_seq_lens_q") is not None:  # padding-free packed batch
         out = _packed(q, k, v, kwargs, opts)
     elif q.shape[1] < k.shape[1]:
@@ -136,7 +136,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return out, None
 
 
-def _masked(q, k, v, mask, opts):
+def _masked(q, k, v, mask, opts, layer):
     """A 2-D padding mask [batch, L] over the first L cache positions (L < kv_len: a static
     cache's allocated but unwritten slots)."""
     batch, sq = q.shape[0], q.shape[1]
@@ -145,7 +145,7 @@ def _masked(q, k, v, mask, opts):
         _refuse(f"got a padding mask {tuple(mask.shape)} for {batch} sequences of "
                 f"{k.shape[1]} keys", "pass attention_mask as [batch, past + new tokens]")
     k, v = k[:, :length], v[:, :length]
-    mask, lens, leftpad, left_ok, ones = _mask_layout(mask)
+    mask, lens, leftpad, left_ok, ones = _mask_layout(mask, layer)
     if ones:
         return (fa2.flash_attn_func(q, k, v, **opts) if sq >= length
                 else fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k),
@@ -159,15 +159,19 @@ def _masked(q, k, v, mask, opts):
 _layouts: dict = {}
 
 
-def _mask_layout(mask):
+def _mask_layout(mask, layer: int | None):
     """(bool mask, keys per row, left padding per row, left padded?, all ones?) of a padding
     mask. One host sync decides the path: a mask of ones (a static cache's written slots)
     needs no mask; left padding (each row's keys one run that ends at L, what generate
-    pads) is read in place; anything else is unpadded like transformers' flash path. A
-    model passes the same mask tensor to every layer of a step: it is analysed once (keyed
-    by the tensor itself and its version counter, so an in-place change is seen)."""
+    pads) is read in place; anything else is unpadded like transformers' flash path.
+    A model passes one mask tensor to the layers of a forward in order: the analysis made
+    at the first layer serves the later ones (a call from a layer not after the last one
+    seen starts a new forward and analyses again, so a mask changed in place between
+    forwards is never read stale; version counters do not exist for inference tensors)."""
     hit = _layouts.get(id(mask))
-    if hit is not None and hit[0] is mask and hit[1] == mask._version:
+    if (hit is not None and hit[0] is mask and layer is not None and hit[1] is not None
+            and layer > hit[1]):
+        _layouts[id(mask)] = (mask, layer, hit[2])
         return hit[2]
     b = mask.bool()
     length = b.shape[1]
@@ -177,9 +181,9 @@ def _mask_layout(mask):
         (b == (torch.arange(length, device=b.device) >= leftpad[:, None])).all(),
         b.all()]).tolist()
     layout = (b, lens, leftpad, left_ok, ones)
-    if len(_layouts) >= 8:  # the masks of the current step (one per layer type) suffice
+    if len(_layouts) >= 8:  # the masks of the current forward (one per layer type) suffice
         _layouts.clear()
-    _layouts[id(mask)] = (mask, mask._version, layout)
+    _layouts[id(mask)] = (mask, layer, layout)
     return layout
 
 
