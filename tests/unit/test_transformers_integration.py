@@ -314,3 +314,17 @@ def test_paged_without_cache_is_refused(fake):
     with pytest.raises(ValueError, match=r"without continuous batching"):
         with torch.no_grad():
             ours(input_ids=ids)
+
+
+def test_compiled_forward(fake):
+    """generate with a static cache compiles the model's forward on CUDA; the integration's
+    host bookkeeping (mask analysis, decode plans) must run as graph breaks, not be traced."""
+    ref, ours = _twin("llama")
+    ours.forward = torch.compile(ours.forward, backend="eager")
+    ids, mask = _batch([9, 3, 6])
+    kw = dict(max_new_tokens=6, do_sample=False, cache_implementation="static")
+    with torch.inference_mode():
+        a = ref.generate(input_ids=ids, attention_mask=mask, **kw)
+        b = ours.generate(input_ids=ids, attention_mask=mask, **kw)
+    assert torch.equal(a, b)
+    assert "kvcache+leftpad" in fake.calls

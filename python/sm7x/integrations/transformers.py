@@ -159,6 +159,7 @@ def _masked(q, k, v, mask, opts, layer):
 _layouts: dict = {}
 
 
+@torch.compiler.disable  # host bookkeeping: never traced (static-cache generate compiles)
 def _mask_layout(mask, layer: int | None):
     """(bool mask, keys per row, left padding per row, left padded?, all ones?) of a padding
     mask. One host sync decides the path: a mask of ones (a static cache's written slots)
@@ -191,12 +192,13 @@ _PLAN_KEYS = 256  # a decode plan serves the cache lengths up to the next multip
 _plans: dict = {}
 
 
+@torch.compiler.disable  # host bookkeeping: never traced (static-cache generate compiles)
 def _plan(q, k):
     """A DecodePlan per (stream, shape, key bound): a generate loop grows the cache by one
     key a step, and one plan serves 256 steps of every layer instead of being rebuilt with
     its workspace each call. Per stream, because the plan's workspace is its own."""
     bound = -(-k.shape[1] // _PLAN_KEYS) * _PLAN_KEYS
-    stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+    stream = torch.cuda.current_stream(q.device).stream_id if q.is_cuda else 0
     key = (q.device, stream, q.shape[0], q.shape[1],
            bound, q.shape[2], k.shape[2], q.shape[3])
     plan = _plans.get(key)
