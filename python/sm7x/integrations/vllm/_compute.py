@@ -29,6 +29,8 @@ KERNEL_BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 def is_kernel_block_size(block_size: int) -> bool:
     return block_size >= 16 and block_size & (block_size - 1) == 0
+
+
 # Cache dtypes ("--kv-cache-dtype") stored as float16, the only dtype the kernels read.
 FP16_KV_CACHE_DTYPES = ("auto", "float16")
 
