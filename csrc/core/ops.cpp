@@ -20,6 +20,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cuda_stream.h"
 #include "kernels.h"
@@ -167,6 +168,89 @@ Rows as_rows(const char* op, const char* name, const Tensor& t, int64_t inner_di
   return r;
 }
 
+// Memory rules of the ops that write (python/sm7x/_args.py states them for the Python
+// wrappers; these apply them again to direct torch.ops calls): a written tensor's
+// elements must not share memory, and an output must not certainly overlap another
+// tensor of the call (both contiguous with intersecting spans, or the same view, which
+// an op that runs in place allows). Strided views whose spans interleave (K and V halves
+// of one packed cache) may not share an element and pass, as in torch's checks.
+int64_t elem_size(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case ScalarType::Half:
+    case ScalarType::BFloat16:
+      return 2;
+    case ScalarType::Float:
+    case ScalarType::Int:
+      return 4;
+    case ScalarType::Long:
+    case ScalarType::Double:
+      return 8;
+    default:
+      return 1;
+  }
+}
+
+// Each dim's stride clears everything the smaller-stride dims span: a sufficient rule
+// for distinct elements (an expanded dim, stride 0 and size > 1, always fails it).
+bool overlaps_itself(const Tensor& t) {
+  int64_t st[16], n[16];
+  int64_t k = 0;
+  for (int64_t d = 0; d < t.dim() && k < 16; ++d)
+    if (t.size(d) > 1) {
+      n[k] = t.size(d);
+      st[k++] = t.stride(d);
+    }
+  for (int64_t i = 1; i < k; ++i)  // insertion sort by stride
+    for (int64_t j = i; j > 0 && st[j] < st[j - 1]; --j) {
+      std::swap(st[j], st[j - 1]);
+      std::swap(n[j], n[j - 1]);
+    }
+  int64_t extent = 1;
+  for (int64_t i = 0; i < k; ++i) {
+    if (st[i] < extent) return true;
+    extent += (n[i] - 1) * st[i];
+  }
+  return false;
+}
+
+bool same_view(const Tensor& a, const Tensor& b) {
+  if (a.const_data_ptr() != b.const_data_ptr() || a.dim() != b.dim()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (a.size(d) != b.size(d) || a.stride(d) != b.stride(d)) return false;
+  return true;
+}
+
+bool certainly_overlap(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  auto span = [](const Tensor& t, uintptr_t& lo, uintptr_t& hi) {
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    lo = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+    hi = lo + (last + 1) * elem_size(t) - 1;
+  };
+  uintptr_t a0, a1, b0, b1;
+  span(a, a0, a1);
+  span(b, b0, b1);
+  if (!(a0 <= b1 && b0 <= a1)) return false;
+  return same_view(a, b) || (a.is_contiguous() && b.is_contiguous());
+}
+
+void check_written(const char* op, const char* name, const Tensor& t) {
+  SM7X_CHECK(t.numel() <= 1 || !overlaps_itself(t), op, name, " (shape ", shape_str(t),
+             ", strides ", strides_str(t), ") is written, but its elements may share memory "
+             "(an expanded or overlapping view); pass a tensor with its own storage (e.g. ",
+             name, ".contiguous() or torch.empty_like)");
+}
+
+// out (written) against another tensor of the call; allow_same: in place is allowed.
+void check_apart(const char* op, const char* out_name, const Tensor& out, const char* name,
+                 const Tensor& t, bool allow_same = false) {
+  if (allow_same && same_view(out, t)) return;
+  SM7X_CHECK(!certainly_overlap(out, t), op, out_name, " overlaps ", name, " in memory; ",
+             out_name, " is written while ", name, " is read or written: pass separate "
+             "tensors");
+}
+
 void check_int32(const char* op, const char* what, int64_t v) {
   SM7X_CHECK(v <= std::numeric_limits<int32_t>::max(), op, what, " is ", v,
              ", larger than the kernels support (2^31 - 1)");
@@ -249,6 +333,9 @@ void rms_norm(Tensor out, Tensor x, Tensor weight, double eps) {
                " but x has shape ", shape_str(x), "; they must match");
   const Rows xr = as_rows(op, "x", x, 1, false);
   const Rows orow = as_rows(op, "out", out, 1, true);
+  check_written(op, "out", out);
+  check_apart(op, "out", out, "x", x, /*allow_same=*/true);
+  check_apart(op, "out", out, "weight", weight);
   if (xr.rows == 0) return;
   RmsNormArgs a{out.mutable_data_ptr(), x.const_data_ptr(), weight.const_data_ptr(),
                 xr.rows, hidden, orow.stride, xr.stride, static_cast<float>(eps)};
@@ -268,9 +355,12 @@ void fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, double eps) {
              shape_str(x), "; they must match");
   const Rows xr = as_rows(op, "x", x, 1, true);
   const Rows rr = as_rows(op, "residual", residual, 1, true);
+  check_written(op, "x", x);
+  check_written(op, "residual", residual);
+  check_apart(op, "x", x, "residual", residual);
+  check_apart(op, "x", x, "weight", weight);
+  check_apart(op, "residual", residual, "weight", weight);
   if (xr.rows == 0) return;
-  SM7X_CHECK(x.const_data_ptr() != residual.const_data_ptr(), op,
-             "x and residual are the same memory; both are written, pass separate tensors");
   FusedAddRmsNormArgs a{x.mutable_data_ptr(), residual.mutable_data_ptr(),
                         weight.const_data_ptr(), xr.rows, hidden, xr.stride, rr.stride,
                         static_cast<float>(eps)};
@@ -297,6 +387,8 @@ void silu_and_mul(Tensor out, Tensor x) {
              d, "] for x of shape ", shape_str(x));
   const Rows xr = as_rows(op, "x", x, 1, false);
   const Rows orow = as_rows(op, "out", out, 1, true);
+  check_written(op, "out", out);
+  check_apart(op, "out", out, "x", x);
   if (xr.rows == 0 || d == 0) return;
   SiluAndMulArgs a{out.mutable_data_ptr(), x.const_data_ptr(), xr.rows, d, orow.stride,
                    xr.stride};
@@ -376,6 +468,15 @@ void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key,
     check_same_dtype(op, "key", kt, "query", query);
     k = rotary_heads(op, "key", kt, positions, head_size);
   }
+  check_written(op, "query", query);
+  check_apart(op, "query", query, "positions", positions);
+  check_apart(op, "query", query, "cos_sin_cache", cos_sin_cache);
+  if (key.has_value()) {
+    check_written(op, "key", *key);
+    check_apart(op, "query", query, "key", *key);
+    check_apart(op, "key", *key, "positions", positions);
+    check_apart(op, "key", *key, "cos_sin_cache", cos_sin_cache);
+  }
   const int64_t tokens = positions.numel();
   check_int32(op, "number of heads", q.heads + k.heads);
   if (tokens == 0 || q.heads + k.heads == 0) return;
@@ -438,6 +539,14 @@ void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_
                ", strides ", strides_str(*t), ") must have a contiguous last dimension; "
                "call ", n, ".contiguous() first");
   check_int32(op, "num_kv_heads * (key + value head size)", heads * (hs + vhs));
+  check_written(op, "key_cache", key_cache);
+  check_written(op, "value_cache", value_cache);
+  check_apart(op, "key_cache", key_cache, "value_cache", value_cache);
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"key", &key}, {"value", &value},
+                      {"slot_mapping", &slot_mapping}}) {
+    check_apart(op, "key_cache", key_cache, n, *t);
+    check_apart(op, "value_cache", value_cache, n, *t);
+  }
   if (tokens == 0 || heads == 0) return;
   if (key_cache.is_cpu()) {
     const int64_t nslots = nb * bs;

@@ -37,7 +37,7 @@ except ImportError as exc:  # sm7x-core runs in any torch >= 2.10 but does not p
         "conda install pytorch (or: pixi add pytorch)"
     ) from exc
 
-from . import _core_loader
+from . import _args, _core_loader
 
 __all__ = [
     "fused_add_rms_norm",
@@ -156,7 +156,7 @@ def _last_contiguous(name: str, t: torch.Tensor, op: str) -> None:
 
 
 def _eps(eps, op: str) -> float:
-    eps = float(eps)
+    eps = _args.number(f"sm7x.{op}", "eps", eps)
     if not eps >= 0 or eps == float("inf"):
         raise ValueError(f"sm7x.{op}: eps must be a finite number >= 0, got {eps}")
     return eps
@@ -195,6 +195,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
             raise ValueError(
                 f"sm7x.{op}: out has shape {tuple(out.shape)} but x has {tuple(x.shape)}"
             )
+        _args.check_writes(f"sm7x.{op}", {"out": out}, {"x": x, "weight": weight},
+                           in_place=(("out", "x"),))
     torch.ops.sm7x.rms_norm(out, x, weight, eps)
     return out
 
@@ -225,6 +227,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         )
     _last_contiguous("x", x, op)
     _last_contiguous("residual", residual, op)
+    _args.check_writes(f"sm7x.{op}", {"x": x, "residual": residual}, {"weight": weight})
     torch.ops.sm7x.fused_add_rms_norm(x, residual, weight, _eps(eps, op))
     return x, residual
 
@@ -252,6 +255,7 @@ def silu_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.T
                 f"sm7x.{op}: out has shape {tuple(out.shape)} but must be {shape} for x of "
                 f"shape {tuple(x.shape)}"
             )
+        _args.check_writes(f"sm7x.{op}", {"out": out}, {"x": x})
     torch.ops.sm7x.silu_and_mul(out, x)
     return out
 
@@ -290,7 +294,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor,
                 f"sm7x.{op}: {name} is on {t.device} but query is on {query.device}; move "
                 f"all tensors to one device"
             )
-    head_size = int(head_size)
+    head_size = _args.integer(f"sm7x.{op}", "head_size", head_size)
+    is_neox = _args.flag(f"sm7x.{op}", "is_neox", is_neox)
     if head_size <= 0:
         raise ValueError(f"sm7x.{op}: head_size must be > 0, got {head_size}")
     if cos_sin_cache.dim() != 2:
@@ -309,8 +314,9 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor,
         _tensor("key", key, op)
         _same("key", key, "query", query, op)
         _last_contiguous("key", key, op)
-    torch.ops.sm7x.rotary_embedding(positions, query, key, head_size, cos_sin_cache,
-                                    bool(is_neox))
+    _args.check_writes(f"sm7x.{op}", {"query": query, "key": key},
+                       {"positions": positions, "cos_sin_cache": cos_sin_cache})
+    torch.ops.sm7x.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
     return query, key
 
 
@@ -350,4 +356,6 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
             f"num_kv_heads, head_size], got {tuple(key_cache.shape)} and "
             f"{tuple(value_cache.shape)}"
         )
+    _args.check_writes(f"sm7x.{op}", {"key_cache": key_cache, "value_cache": value_cache},
+                       {"key": key, "value": value, "slot_mapping": slot_mapping})
     torch.ops.sm7x.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)

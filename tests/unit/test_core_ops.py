@@ -200,7 +200,7 @@ def test_fused_add_rms_norm_bad_inputs(device):
     with pytest.raises(ValueError, match=r"residual has dtype torch.float16"):
         ops.fused_add_rms_norm(x, x.half(), w)
     op = torch.ops.sm7x.fused_add_rms_norm
-    with pytest.raises(RuntimeError, match=r"same memory"):
+    with pytest.raises(RuntimeError, match=r"x overlaps residual in memory"):
         op(x, x, w, 1e-6)
     with pytest.raises(RuntimeError, match=r"residual has shape \[4, 7\] but x has shape \[4, 8\]"):
         op(x, torch.randn(4, 7, device=device), w, 1e-6)

@@ -88,10 +88,27 @@ def test_options():
         flash_attn_func(*qkv(), softmax_scale=-1.0)
     with pytest.raises(ValueError, match="window_size"):
         flash_attn_func(*qkv(), window_size=(-2, 0))
-    with pytest.raises(ValueError, match="window_size"):
+    with pytest.raises(TypeError, match="window_size"):
         flash_attn_func(*qkv(), window_size=5)
     with pytest.raises(ValueError, match="softcap"):
         flash_attn_func(*qkv(), softcap=-1.0)
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(softmax_scale="x"), "softmax_scale must be a number, got str"),
+    (dict(softcap="1"), "softcap must be a number"),
+    (dict(window_size=(1, "a")), r"window_size\[1\] must be an int"),
+    (dict(window_size=(1.5, 0)), r"window_size\[0\] must be an int"),
+    (dict(causal="yes"), "causal must be a bool"),
+])
+def test_options_of_the_wrong_type_name_the_argument(kw, name):
+    with pytest.raises(TypeError, match=name):
+        flash_attn_func(*qkv(), **kw)
+
+
+def test_varlen_max_seqlen_of_the_wrong_type():
+    with pytest.raises(TypeError, match="max_seqlen_q must be an int, got str"):
+        flash_attn_varlen_func(*varlen(), "15", 15)
 
 
 def test_cpu_tensors_refused_before_loading():

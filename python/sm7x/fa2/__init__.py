@@ -34,7 +34,7 @@ except ImportError as exc:
         "conda install pytorch (or: pixi add pytorch)"
     ) from exc
 
-from .. import _select, _targets
+from .. import _args, _select, _targets
 from . import _loader
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "plan_decode",
@@ -144,31 +144,11 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
                          f"max_seqlen_{tensor} is {max_seqlen}; pass the longest length")
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """[first, last] byte address a tensor's elements occupy."""
-    if t.numel() == 0:
-        return (0, -1)
-    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
-    return (t.data_ptr(), t.data_ptr() + last + t.element_size() - 1)
-
-
 def _check_out_alias(fn: str, out: torch.Tensor, **inputs) -> None:
     """A caller's out= must not overlap itself (an expanded tensor: rows written twice) or
-    any input the kernels still read while it is written (keys, values, the cache). As in
-    torch's own out= checks, only an overlap that is certain is refused: the byte spans
-    intersect and both tensors are contiguous. Strided views whose spans interleave (q and
-    k as column slices of one qkv buffer) may not share an element, and pass."""
-    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
-        raise ValueError(f"sm7x.fa2.{fn}: out {tuple(out.shape)} with strides {out.stride()} "
-                         f"has elements that overlap (an expanded tensor); pass a fresh one")
-    o0, o1 = _span(out)
-    for name, t in inputs.items():
-        if t is None:
-            continue
-        a0, a1 = _span(t)
-        if a0 <= o1 and o0 <= a1 and out.is_contiguous() and t.is_contiguous():
-            raise ValueError(f"sm7x.fa2.{fn}: out overlaps {name} in memory; the kernels read "
-                             f"{name} while they write out: pass a separate out tensor")
+    any input the kernels still read while it is written (keys, values, the cache); only a
+    certain overlap is refused (sm7x._args)."""
+    _args.check_writes(f"sm7x.fa2.{fn}", {"out": out}, inputs)
 
 
 def _prepare(fn: str, q, k, v, out=None):
@@ -189,21 +169,25 @@ def _prepare(fn: str, q, k, v, out=None):
 
 
 def _check_options(fn: str, softmax_scale, hd: int, causal, window_size, softcap):
+    api = f"sm7x.fa2.{fn}"
     if softmax_scale is None:
         softmax_scale = hd ** -0.5
-    softmax_scale = float(softmax_scale)
+    softmax_scale = _args.number(api, "softmax_scale", softmax_scale)
     if not (softmax_scale > 0 and softmax_scale != float("inf")):
         raise ValueError(f"sm7x.fa2.{fn}: softmax_scale must be a finite number > 0, got "
                          f"{softmax_scale}")
     try:
-        left, right = (int(w) for w in window_size)
+        left, right = window_size
     except (TypeError, ValueError):
-        raise ValueError(f"sm7x.fa2.{fn}: window_size must be a pair (left, right) of ints, "
-                         f"got {window_size!r}") from None
+        raise TypeError(f"{api}: window_size must be a pair (left, right) of ints, got "
+                        f"{window_size!r}") from None
+    left, right = _args.integer(api, "window_size[0]", left), _args.integer(
+        api, "window_size[1]", right)
     if left < -1 or right < -1:
         raise ValueError(f"sm7x.fa2.{fn}: window_size values must be >= 0, or -1 for "
                          f"unbounded, got {window_size!r}")
-    softcap = float(softcap)
+    softcap = _args.number(api, "softcap", softcap)
+    causal = _args.flag(api, "causal", causal)
     if not (softcap >= 0 and softcap != float("inf")):
         raise ValueError(f"sm7x.fa2.{fn}: softcap must be a finite number >= 0 (0 = off), "
                          f"got {softcap}")
@@ -307,7 +291,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"sm7x.fa2.{fn}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and "
                          f"cu_seqlens_k {tuple(cu_seqlens_k.shape)} must both be [batch + 1]")
-    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    api = f"sm7x.fa2.{fn}"
+    max_seqlen_q = _args.integer(api, "max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _args.integer(api, "max_seqlen_k", max_seqlen_k)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
         raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_q/max_seqlen_k must be >= 0")
     _check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "q")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import _targets
+from .. import _args, _targets
 from . import (_check_cuda, _check_heads, _check_options, _check_out_alias, _check_tensor,
                _kernel_layout, _ops_for)
 
@@ -324,7 +324,9 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     else:
         raise ValueError(f"sm7x.fa2.{fn}: with block_table pass seqused_k (int32 [batch], the "
                          f"key count of each sequence) or cu_seqlens_k")
-    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    api = f"sm7x.fa2.{fn}"
+    max_seqlen_q = _args.integer(api, "max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _args.integer(api, "max_seqlen_k", max_seqlen_k)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
         raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_q/max_seqlen_k must be >= 0")
     capacity = block_table.shape[1] * k.shape[1] if paged else k.shape[1]
@@ -444,7 +446,7 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                              f"{2 * rotary_cos.shape[1]}) must be in (0, head_dim={hd}]")
         if cache_seqlens is None:
             raise ValueError(f"sm7x.fa2.{fn}: rotary needs cache_seqlens (the positions)")
-    num_splits = int(num_splits)
+    num_splits = _args.integer(f"sm7x.fa2.{fn}", "num_splits", num_splits)
     if num_splits < 0:
         raise ValueError(f"sm7x.fa2.{fn}: num_splits must be >= 0 (0: automatic), got "
                          f"{num_splits}")
