@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -166,6 +167,14 @@ Rows as_rows(const char* op, const char* name, const Tensor& t, int64_t inner_di
                strides_str(t), ") is written to, so its rows must not overlap; pass a "
                "tensor with its own storage (e.g. ", name, ".contiguous())");
   return r;
+}
+
+// A Tensor argument given None reaches the op as an undefined tensor (the schema allows
+// it for direct torch.ops calls): refuse it by name before anything reads it.
+void check_defined(const char* op,
+                   std::initializer_list<std::pair<const char*, const Tensor*>> args) {
+  for (auto [name, t] : args)
+    SM7X_CHECK(t->defined(), op, name, " is None; it must be a tensor");
 }
 
 // Memory rules of the ops that write (python/sm7x/_args.py states them for the Python
@@ -324,6 +333,7 @@ int64_t check_norm_args(const char* op, const Tensor& x, const char* other_name,
 
 void rms_norm(Tensor out, Tensor x, Tensor weight, double eps) {
   const char* op = "rms_norm";
+  check_defined(op, {{"out", &out}, {"x", &x}, {"weight", &weight}});
   const DType dt = float_dtype(op, "x", x);
   const int64_t hidden = check_norm_args(op, x, "out", out, weight, eps);
   SM7X_CHECK(out.dim() == x.dim() && out.numel() == x.numel(), op, "out has shape ",
@@ -347,6 +357,7 @@ void rms_norm(Tensor out, Tensor x, Tensor weight, double eps) {
 
 void fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, double eps) {
   const char* op = "fused_add_rms_norm";
+  check_defined(op, {{"x", &x}, {"residual", &residual}, {"weight", &weight}});
   const DType dt = float_dtype(op, "x", x);
   const int64_t hidden = check_norm_args(op, x, "residual", residual, weight, eps);
   bool same = residual.dim() == x.dim();
@@ -372,6 +383,7 @@ void fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, double eps) {
 
 void silu_and_mul(Tensor out, Tensor x) {
   const char* op = "silu_and_mul";
+  check_defined(op, {{"out", &out}, {"x", &x}});
   const DType dt = float_dtype(op, "x", x);
   SM7X_CHECK(x.dim() >= 1, op, "x must have at least 1 dimension (..., 2 * d)");
   const int64_t two_d = size_at(x, -1);
@@ -440,6 +452,9 @@ Heads rotary_heads(const char* op, const char* name, const Tensor& t, const Tens
 void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key,
                       int64_t head_size, Tensor cos_sin_cache, bool is_neox) {
   const char* op = "rotary_embedding";
+  check_defined(op, {{"positions", &positions}, {"query", &query},
+                     {"cos_sin_cache", &cos_sin_cache}});
+  if (key.has_value()) check_defined(op, {{"key", &*key}});
   const DType dt = float_dtype(op, "query", query);
   const IType pt = index_dtype(op, "positions", positions);
   SM7X_CHECK(head_size > 0, op, "head_size must be > 0, got ", head_size);
@@ -504,6 +519,8 @@ void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key,
 void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache,
                        Tensor slot_mapping) {
   const char* op = "reshape_and_cache";
+  check_defined(op, {{"key", &key}, {"value", &value}, {"key_cache", &key_cache},
+                     {"value_cache", &value_cache}, {"slot_mapping", &slot_mapping}});
   const DType dt = float_dtype(op, "key", key);
   const IType st = index_dtype(op, "slot_mapping", slot_mapping);
   check_dim(op, "key", key, 3, "[num_tokens, num_kv_heads, head_size]");

@@ -177,9 +177,16 @@ def plan_decode(batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_kv_heads,
     hd = _check_int(fn, "head_dim", head_dim, 1)
     splits = _check_int(fn, "num_splits", num_splits, 0)
     _check_heads(fn, hd, heads, kv_heads)
-    device = torch.device("cuda") if device is None else torch.device(device)
+    try:
+        device = torch.device("cuda") if device is None else torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"sm7x.fa2.{fn}: device must be a CUDA device (e.g. 'cuda:0'), got "
+                         f"{device!r}") from None
     if device.type != "cuda":
         raise ValueError(f"sm7x.fa2.{fn}: device must be a CUDA device, got {device}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"sm7x.fa2.{fn}: no CUDA device is available (torch.cuda."
+                           f"is_available() is False); the plan lives on a CUDA device")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     arch = _arch_of(torch.empty(0, device=device))
