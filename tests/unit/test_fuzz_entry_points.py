@@ -45,8 +45,8 @@ def mutate(kind: str, t, other):
     if kind == "empty":
         return t[:0] if t.dim() else t
     if kind == "alias":  # another argument's memory
-        return other.view(-1)[: t.numel()].view(t.shape) if other.numel() >= t.numel() \
-            and other.dtype == t.dtype else t
+        fits = other.is_contiguous() and other.numel() >= t.numel() and other.dtype == t.dtype
+        return other.view(-1)[: t.numel()].view(t.shape) if fits else t
     if kind == "none":
         return None
     if kind == "int":
