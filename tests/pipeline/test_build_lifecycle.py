@@ -152,17 +152,26 @@ def tree(tmp_path):
 
 
 def start_build(tree: Path, out: Path, pids: Path, *args) -> subprocess.Popen:
-    """The real ./build.sh driver, against a channel URL (no bootstrap), with the stand-in build."""
-    return subprocess.Popen([sys.executable, "-c", DRIVER.format(fake=FAKE_BUILD), "--channel", "file:///nowhere",
+    """The real ./build.sh driver, against a channel URL (no bootstrap), with the stand-in build.
+    Its output goes to a file (proc.log): a pipe would stay open while any of the group runs."""
+    log = open(pids.with_name("driver.log"), "w")
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER.format(fake=FAKE_BUILD), "--channel", "file:///nowhere",
                              "--output", str(out), "--no-test", *args], cwd=tree, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(tree / "python"), "PIDS": str(pids), "COLUMNS": "200"})
+    proc.log = Path(log.name)
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
+    proc.wait(timeout=timeout)
+    return " ".join(proc.log.read_text().split())
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> list[int]:
     deadline = time.monotonic() + timeout
     while not path.exists() or not path.read_text():
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, proc.log.read_text()
         assert time.monotonic() < deadline, "the stand-in build never started"
         time.sleep(0.1)
     return [int(p) for p in path.read_text().split()]
@@ -181,7 +190,7 @@ def test_interrupted_build_ends_its_group_and_says_what_was_left(tree, tmp_path,
     proc = start_build(tree, out, tmp_path / "pids")
     pids = wait_for(tmp_path / "pids", proc)
     proc.send_signal(sig)
-    text = " ".join(proc.communicate(timeout=60)[0].split())
+    text = finish(proc)
     try:
         assert proc.returncode == 128 + sig, text
         # the driver ends its group before it exits (not left to the worker's PDEATHSIG)
@@ -203,7 +212,7 @@ def test_killed_driver_takes_its_build_along_and_the_next_start_cleans(tree, tmp
     pids = wait_for(tmp_path / "pids", proc)
     try:
         proc.kill()  # SIGKILL: no handler, no finally
-        proc.communicate(timeout=30)
+        finish(proc)
         assert gone(pids), f"still running after SIGKILL of the driver: {[p for p in pids if alive(p)]}"
         work = tree / ".sm7x" / "build" / "work"
         assert (work / "noarch" / "half-built.conda").exists() and read_stamp(out) == "old"
@@ -240,5 +249,5 @@ def test_a_second_build_of_the_tree_is_refused_while_one_runs(tree, tmp_path):
         assert (tree / ".sm7x" / "build" / "work").exists()  # the running build's work tree was not touched
     finally:
         proc.terminate()
-        proc.communicate(timeout=60)
+        finish(proc)
         assert gone(pids)
