@@ -23,7 +23,6 @@ from . import inputs
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 CHANNEL = STATE / "bootstrap" / "channel"
-WORK = STATE / "bootstrap" / "work"
 # build order: later recipes solve against packages of earlier ones
 BOOTSTRAP_RECIPES = ["build-tools", "compilers", "cuda", "python", "pybind11", "torch-deps", "pytorch"]
 
@@ -41,16 +40,13 @@ def ensure(force: bool = False) -> Path:
     console.rule("bootstrap channel")
     recipes = [RECIPES / name / "recipe.yaml" for name in BOOTSTRAP_RECIPES]
     inputs.fetch(inputs.collect_pins(recipes), log=console.print)
-    work = WORK
+    work = STATE / "bootstrap" / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    logfile = STATE / "bootstrap" / "build.log"  # outside work/: a failed build's log stays
-    logfile.unlink(missing_ok=True)
-    try:
-        for recipe in recipes:
-            rattler_build.build(recipe, output_dir=work, channels=[work.as_uri()], variant_files=[], logfile=logfile)
-        publish(work, CHANNEL, want)
-    finally:  # done, failed or interrupted: the work tree goes
-        shutil.rmtree(work, ignore_errors=True)
+    logfile = work / "build.log"
+    for recipe in recipes:
+        rattler_build.build(recipe, output_dir=work, channels=[work.as_uri()], variant_files=[], logfile=logfile)
+    publish(work, CHANNEL, want)
+    shutil.rmtree(work, ignore_errors=True)
     console.print(f"[green]bootstrap channel built[/] in {time.monotonic() - start:.0f} s: {CHANNEL}")
     return CHANNEL

@@ -30,8 +30,9 @@ from .digest import channel_stamp, source_digest
 RECIPE = REPO / "recipe" / "recipe.yaml"
 OUTPUT = REPO / "channel"
 LOCK = STATE / "build.lock"
-# the work trees of the two builds; each is removed when its build ends, however it ends
-WORK_DIRS = [STATE / "build" / "work", bootstrap.WORK]
+# the work trees of the two builds, removed when a build ends (a failed bootstrap build keeps
+# its work tree, where its log is, until the next start)
+WORK_DIRS = [STATE / "build" / "work", STATE / "bootstrap" / "work"]
 
 
 def parse(argv):
@@ -65,7 +66,11 @@ def main(argv=None) -> int:
             if args.channel:
                 channels = args.channel
             else:
-                channels = [bootstrap.ensure(force=args.force).as_uri()]
+                try:
+                    channels = [bootstrap.ensure(force=args.force).as_uri()]
+                except (KeyboardInterrupt, lifecycle.Interrupted):
+                    shutil.rmtree(WORK_DIRS[1], ignore_errors=True)  # its own code only cleans up on success
+                    raise
             if args.bootstrap_only:
                 return 0
             source = source_digest(args.channel or [read_stamp(bootstrap.CHANNEL) or ""])
