@@ -73,7 +73,7 @@ def publish(built: Path, channel: Path, stamp: str) -> list[Path]:
         index_dir(tmp)
         (tmp / STAMP).write_text(stamp + "\n")
         replace_dir(tmp, channel, versioned=True)
-    finally:  # failed, interrupted or done: the partial copy (or the old channel) goes
+    finally:  # failed or interrupted: the partial copy goes (a finished swap left nothing here)
         shutil.rmtree(tmp, ignore_errors=True)
     return packages(channel)
 
@@ -83,7 +83,7 @@ def partial(target: Path) -> Path:
 
 
 RENAME_EXCHANGE = 2  # linux/fs.h
-_UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM}
+_UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}  # what a filesystem without it says
 
 
 def exchange(a: Path, b: Path) -> None:
