@@ -85,13 +85,14 @@ def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files:
     spec.write_text(json.dumps({"recipe": str(recipe), "output_dir": str(output_dir), "channels": channels,
                                 "variant_files": [str(f) for f in variant_files], "logfile": str(logfile),
                                 "test": test, "result": str(result)}))
-    # the worker imports the tools from the source tree, then drops PYTHONPATH before building
-    status = lifecycle.run_group(worker_argv(spec), GROUP_FILE, env={**os.environ, "PYTHONPATH": str(REPO / "python")})
     try:
-        outcome = json.loads(result.read_text())
-    except (OSError, ValueError):
+        # the worker imports the tools from the source tree, then drops PYTHONPATH before building
+        status = lifecycle.run_group(worker_argv(spec), GROUP_FILE,
+                                     env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+        outcome = json.loads(result.read_text()) if result.exists() else {}
+    except ValueError:
         outcome = {}
-    finally:
+    finally:  # done, failed or interrupted
         spec.unlink(missing_ok=True)
         result.unlink(missing_ok=True)
     if status != 0 or not outcome.get("ok"):
