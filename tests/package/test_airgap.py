@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from sm7x_tools import bootstrap, envs
 from sm7x_tools.airgap import AirgapError
 from sm7x_tools.airgap.bundle import EnvRequest, bundle, requests_from_args, split_specs
 from sm7x_tools.airgap.merge import compare_content, merge
-from sm7x_tools.airgap.verify import verify
+from sm7x_tools.airgap.verify import _Verifier, verify
 from sm7x_tools.channel import SUBDIRS, index_dir
 from sm7x_tools.hashing import file_digest
 
@@ -68,6 +69,17 @@ def repack(src: Path, out_dir: Path, edit=None, level: int = 9) -> Path:
         detect_prefix=False)
     shutil.rmtree(work)
     return Path(built.path)
+
+
+def rezip(src: Path, dst: Path, pkg_from: Path | None = None) -> Path:
+    """src's .conda members in a new zip (other bytes: fresh entry times), its info/ section
+    byte for byte; the payload member (pkg-*.tar.zst) from `pkg_from` when given."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(src) as orig, zipfile.ZipFile(pkg_from or src) as new, zipfile.ZipFile(dst, "w") as out:
+        for member in orig.infolist():  # a fresh entry: a copied zip64 extra field confuses rattler's reader
+            data = (new if member.filename.startswith("pkg-") else orig).read(member.filename)
+            out.writestr(zipfile.ZipInfo(member.filename, (1980, 1, 1, 0, 0, 0)), data)
+    return dst
 
 
 def edit_init(root: Path) -> None:
@@ -311,12 +323,15 @@ def test_merge_keeps_one_copy_of_identical_packages(machines):
 def test_merge_treats_a_rebuilt_package_with_the_same_content_as_one(machines, tmp_path):
     _, a, b = machines
     original = sm7x_pkg(CHANNEL)
-    rebuilt = repack(original, tmp_path / "rebuilt", level=3)
+    rebuilt = rezip(original, tmp_path / "rebuilt" / original.name)
     assert file_digest(rebuilt).sha256 != file_digest(original).sha256 and not compare_content(rebuilt, original)
+    # a repack from the installed files alone loses info/link.json (the `sm7x` entry point): another payload
+    repacked = repack(original, tmp_path / "repacked", level=3)
+    assert compare_content(repacked, original) == ["payload: 1 entry differs: info/link.json (only in the second)"]
     c = make_channel(tmp_path / "ch-c", {f"noarch/{rebuilt.name}": rebuilt})
     result = merge(tmp_path / "merged", [a, b, c], [bootstrap.CHANNEL])
     [entry] = [e for e in result.entries if e.path.name == rebuilt.name]
-    assert entry.channel == 1 and entry.notes[0] == "identical in 2" and "3 has the same content" in entry.notes[1]
+    assert entry.channel == 1 and entry.notes[0] == "identical in 2" and "3 has the same payload" in entry.notes[1]
     assert file_digest(sm7x_pkg(tmp_path / "merged")).sha256 == file_digest(original).sha256
 
 
@@ -330,12 +345,12 @@ def test_merge_refuses_a_conflicting_package(machines, tmp_path):
     assert "sm7x/__init__.py" in str(exc.value) and str(d) in str(exc.value)
     assert not out.exists() and not (tmp_path / "merged.partial").exists()
     proc = airgap("merge", out, a, d)
-    assert proc.returncode == 1 and "same file name but different content" in proc.stdout
+    assert proc.returncode == 1 and "same file name but a different payload" in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr and not out.exists()
     # the metadata agree (same recipe and variant, built twice): --keep-first takes channel 1's
     kept = merge(out, [a, b, d], [bootstrap.CHANNEL], keep_first=True)
     [entry] = [e for e in kept.entries if e.path.name == changed.name]
-    assert entry.channel == 1 and entry.notes[1].startswith("--keep-first: 3 has other content")
+    assert entry.channel == 1 and entry.notes[1].startswith("--keep-first: 3 has another payload")
     assert file_digest(sm7x_pkg(out)).sha256 == file_digest(sm7x_pkg(CHANNEL)).sha256
 
 
@@ -374,3 +389,164 @@ def test_cli_usage_errors(tmp_path):
     assert proc.returncode == 1 and "--env" in proc.stdout
     proc = airgap("verify", tmp_path)
     assert proc.returncode == 1 and "neither a bundle" in proc.stdout
+
+
+# --- tamper matrix: every file verify cannot account for, every payload merge must not pick ---
+
+def backdoored(src: Path, out_dir: Path) -> Path:
+    """`src` with site-packages/sm7x/_backdoor.py added to its payload and its info/ section
+    (index.json, about.json with the source digest, paths.json) kept byte for byte: what it
+    declares about itself is the original's."""
+    def add(root: Path) -> None:
+        (next(root.rglob("sm7x/__init__.py")).parent / "_backdoor.py").write_text("import os  # not ours\n")
+
+    return rezip(src, out_dir / "backdoored" / src.name, pkg_from=repack(src, out_dir / "repacked", edit=add))
+
+
+def _rewrite_records(bundle_dir: Path, rel: str) -> None:
+    """bundle.json and SHA256SUMS updated for an edited file, as a careful tamperer would."""
+    sha = file_digest(bundle_dir / rel)
+    manifest = json.loads((bundle_dir / "bundle.json").read_text())
+    manifest["files"][rel] = {"sha256": sha.sha256, "size": sha.size}
+    (bundle_dir / "bundle.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    lines = [f"{file_digest(bundle_dir / r).sha256}  {r}" if r in (rel, "bundle.json") else line
+             for line in (bundle_dir / "SHA256SUMS").read_text().splitlines() for r in [line.split("  ", 1)[1]]]
+    (bundle_dir / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+
+
+def _evil_line(name: str) -> str:
+    return f"https://evil.example/linux-64/{name}-1.0-0.conda#{'a' * 64}\n"
+
+
+def t_stray_root(b, c, tmp):
+    (b / "notes.txt").write_text("hello\n")
+    return ["verify", b], "notes.txt", "not accounted for"
+
+
+def t_stray_in_subdir(b, c, tmp):
+    (b / "channel" / "noarch" / "notes.txt").write_text("hello\n")
+    return ["verify", b], "channel/noarch/notes.txt", "not accounted for"
+
+
+def t_extra_explicit_file(b, c, tmp):
+    (b / "envs" / "evil.txt").write_text("@EXPLICIT\n" + _evil_line("evil"))
+    return ["verify", b], "envs/evil.txt", "@EXPLICIT file of no environment"
+
+
+def t_explicit_url_elsewhere(b, c, tmp):
+    login = b / "envs" / "login.txt"
+    login.write_text(login.read_text() + _evil_line("evil"))
+    _rewrite_records(b, "envs/login.txt")  # the hash records agree: only the URL tells
+    return ["verify", b], "envs/login.txt", "https://evil.example/linux-64/evil-1.0-0.conda is outside"
+
+
+def t_explicit_url_dotdot(b, c, tmp):
+    login = b / "envs" / "login.txt"
+    base = json.loads((b / "bundle.json").read_text())["channel_url"]
+    (b / "notes.conda").write_bytes(b"x")  # what the `..` reaches, with its true sha256
+    login.write_text(login.read_text() + f"{base}/noarch/../../notes.conda#{file_digest(b / 'notes.conda').sha256}\n")
+    _rewrite_records(b, "envs/login.txt")
+    # rattler resolves the `..`: the URL named is the file it reaches, outside the channel
+    return ["verify", b], "envs/login.txt", "/bundle/notes.conda is outside"
+
+
+def t_package_in_osx_subdir(b, c, tmp):
+    (b / "channel" / "osx-64").mkdir()
+    shutil.copyfile(sm7x_pkg(b / "channel"), b / "channel" / "osx-64" / "x-1-0.conda")
+    return ["verify", b], "channel/osx-64/x-1-0.conda", "osx-64/ is not an indexed subdir"
+
+
+def t_channel_stray(b, c, tmp):
+    (c / "notes.txt").write_text("hello\n")
+    return ["verify", c], "notes.txt", "not accounted for"
+
+
+def t_channel_osx_subdir(b, c, tmp):
+    (c / "osx-64").mkdir()
+    shutil.copyfile(sm7x_pkg(c), c / "osx-64" / "x-1-0.conda")
+    return ["verify", c], "osx-64/x-1-0.conda", "osx-64/ is not an indexed subdir"
+
+
+def t_channel_second_repodata(b, c, tmp):
+    (c / "noarch" / "repodata.json.zst").write_bytes(b"(\xb5/\xfd not what repodata.json says")
+    return ["verify", c], "noarch/repodata.json.zst", "not accounted for"
+
+
+def t_channel_added_and_reindexed(b, c, tmp):
+    shutil.copyfile(backdoored(sm7x_pkg(CHANNEL), tmp), c / "noarch" / "sm7x-0.1.0-pyh0000000_0.conda")
+    index_dir(c)  # consistent with itself; --against its source tells
+    return ["verify", c, "--against", CHANNEL], "noarch/sm7x-0.1.0-pyh0000000_0.conda", "no --against source has"
+
+
+def _merge_case(first_altered: bool, *extra):
+    def case(b, c, tmp):
+        altered = make_channel(tmp / "altered", {f"noarch/{sm7x_pkg(CHANNEL).name}": backdoored(sm7x_pkg(CHANNEL), tmp)})
+        chans = [altered, CHANNEL] if first_altered else [CHANNEL, altered]
+        return ["merge", tmp / "merged", *chans, *extra], sm7x_pkg(CHANNEL).name, "sm7x/_backdoor.py (only in the"
+    return case
+
+
+# (case, exit status): every case must be caught, named, and end with that status
+TAMPER = {
+    "bundle: stray notes.txt": (t_stray_root, 1),
+    "bundle: stray file in channel/noarch": (t_stray_in_subdir, 1),
+    "bundle: extra envs/evil.txt @EXPLICIT to another host": (t_extra_explicit_file, 1),
+    "bundle: @EXPLICIT URL to another host, records rewritten": (t_explicit_url_elsewhere, 1),
+    "bundle: @EXPLICIT URL with ../ out of the channel, records rewritten": (t_explicit_url_dotdot, 1),
+    "bundle: .conda under channel/osx-64/": (t_package_in_osx_subdir, 1),
+    "channel: stray notes.txt": (t_channel_stray, 1),
+    "channel: .conda under osx-64/": (t_channel_osx_subdir, 1),
+    "channel: unchecked repodata.json.zst": (t_channel_second_repodata, 1),
+    "channel: package added and re-indexed, --against source": (t_channel_added_and_reindexed, 1),
+    "merge: payload differs, same metadata and source digest (altered second)": (_merge_case(False), 1),
+    "merge: payload differs, same metadata and source digest (altered first)": (_merge_case(True), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPER))
+def test_tamper_matrix(small, tmp_path, case):
+    make, status = TAMPER[case]
+    b = tmp_path / "bundle"
+    shutil.copytree(small.out, b)
+    c = tmp_path / "channel"
+    shutil.copytree(CHANNEL, c)
+    args, named, message = make(b, c, tmp_path)
+    proc = airgap(*args)
+    text = " ".join(proc.stdout.split())  # a table cell may wrap a long name
+    caught = proc.returncode != 0 and named in text and message in text
+    print(f"TAMPER | {case} | {'caught' if caught else 'NOT caught'} | exit {proc.returncode}")
+    assert caught and proc.returncode == status, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    if args[0] == "merge":
+        assert not (tmp_path / "merged").exists()
+
+
+def test_keep_first_is_the_explicit_override(tmp_path):
+    """The altered copy is refused above; --keep-first takes the first channel's copy and says so."""
+    altered = make_channel(tmp_path / "altered", {f"noarch/{sm7x_pkg(CHANNEL).name}": backdoored(sm7x_pkg(CHANNEL), tmp_path)})
+    result = merge(tmp_path / "merged", [CHANNEL, altered], [bootstrap.CHANNEL], keep_first=True)
+    [entry] = [e for e in result.entries if e.path.name == sm7x_pkg(CHANNEL).name]
+    assert entry.channel == 1 and entry.notes[0].startswith("--keep-first: 2 has another payload")
+    assert "_backdoor.py" in entry.notes[0]
+    assert file_digest(sm7x_pkg(tmp_path / "merged")).sha256 == file_digest(sm7x_pkg(CHANNEL)).sha256
+
+
+def test_verify_accounts_for_the_projects_own_channels(small):
+    """./channel verifies out of the box (the bootstrap channel is the default --with), and so
+    do a bundle and the bootstrap channel: nothing these tools write is a stray file."""
+    proc = airgap("verify", CHANNEL)
+    assert proc.returncode == 0 and "no problems" in proc.stdout, proc.stdout
+    assert "the default --with" in " ".join(proc.stdout.split())
+    assert verify(small.out).ok
+    assert airgap("verify", CHANNEL, "--with", small.out / "channel").returncode == 1  # --with replaces the default
+
+
+def test_bundle_urls_must_name_a_package_file_of_its_channel(small):
+    """pixi.lock and envs/*.txt URLs map to channel/<subdir>/<file>; nothing else passes."""
+    v = _Verifier(small.out, [], resolve=False)
+    base = "https://mirror.site/sm7x"
+    assert v.url_rel(f"{base}/noarch/a-1-0.conda", base) == "channel/noarch/a-1-0.conda"
+    assert v.url_rel(f"{base}/linux-64/a%2Bb-1-0.tar.bz2", base) == "channel/linux-64/a+b-1-0.tar.bz2"
+    for bad in (f"{base}/noarch/../../bundle.json.conda", f"{base}/noarch/sub/a-1-0.conda", f"{base}x/noarch/a-1-0.conda",
+                f"{base}/noarch/notes.txt", f"{base}/a-1-0.conda", "https://evil.example/noarch/a-1-0.conda"):
+        assert v.url_rel(bad, base) is None, bad

@@ -99,10 +99,9 @@ def staged(out: Path, marker):
     tmp.mkdir(parents=True)
     try:
         yield tmp
-    except BaseException:
+        replace_dir(tmp, out)
+    finally:  # failed or interrupted: the partial output goes
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_dir(tmp, out)
 
 
 def read_json(path: Path) -> dict:

@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from .. import ToolError, bootstrap
+from ..channel import is_channel
 from ..envs import channel_dirs, exit_now
 from ..ui import console
 
@@ -54,8 +55,9 @@ def parse(argv):
 
     v = sub.add_parser("verify", help="check a bundle or a channel directory")
     v.add_argument("dir", type=Path, metavar="DIR")
-    v.add_argument("--with", dest="with_", action="append", default=[], type=Path, metavar="DIR",
-                   help="another channel that dependencies may come from (repeatable)")
+    v.add_argument("--with", dest="with_", action="append", type=Path, metavar="DIR",
+                   help="another channel that dependencies may come from (repeatable; default for a channel: "
+                        "the bootstrap channel, as for merge; a bundle must hold all it needs)")
     v.add_argument("--no-resolve", action="store_true", help="bundles: skip the offline re-solve of each environment")
     v.add_argument("--against", action="append", default=[], type=Path, metavar="SOURCE",
                    help="the channel (or bundle) DIR was copied from: every package of it must be in DIR "
@@ -68,9 +70,19 @@ def parse(argv):
                    help="channel that dependencies may come from when verifying the result "
                         "(default: the bootstrap channel)")
     m.add_argument("--keep-first", action="store_true",
-                   help="for a package built on two machines with the same metadata but other bytes inside, "
-                        "keep the first channel's copy instead of refusing")
+                   help="the explicit override: for a file name whose copies differ in payload (files, install "
+                        "instructions) but agree in info/index.json, take the first channel's copy instead of "
+                        "refusing; list the channel you trust first")
     return ap.parse_args(argv)
+
+
+def default_with(given: list[Path] | None, bundle: bool = False) -> list[Path]:
+    """--with as given, else the bootstrap channel: ./channel's packages depend on the toolchain
+    packages there (python, pytorch), so a channel that ./build.sh or merge made verifies as
+    it is. Never for a bundle, which must hold everything its environments need."""
+    if given is not None:
+        return given
+    return [] if bundle else [c for c in [bootstrap.CHANNEL] if is_channel(c)]
 
 
 def run(args) -> int:
@@ -85,12 +97,16 @@ def run(args) -> int:
     if args.command == "verify":
         from .verify import print_report, verify
 
-        report = verify(args.dir, args.with_, resolve=not args.no_resolve, against=args.against)
+        with_ = default_with(args.with_, bundle=(args.dir / "bundle.json").exists())
+        if args.with_ is None and with_:
+            console.print("dependencies may also come from " + " and ".join(map(str, with_))
+                          + " (the default --with for a channel; give --with DIR to choose)")
+        report = verify(args.dir, with_, resolve=not args.no_resolve, against=args.against)
         print_report(report)
         return 0 if report.ok else 1
     from .merge import merge, print_summary
 
-    with_ = args.with_ if args.with_ is not None else [c for c in [bootstrap.CHANNEL] if c.exists()]
+    with_ = default_with(args.with_)
     console.print("dependencies are checked against the merged channel"
                   + "".join(f" and {c}" for c in with_))
     print_summary(merge(args.out, args.channels, with_, keep_first=args.keep_first))

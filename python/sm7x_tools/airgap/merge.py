@@ -6,24 +6,27 @@ every machine builds (the noarch `sm7x`, the per-Python `sm7x-ext`) then arrive 
 once under the same file name:
 
 - same bytes (sha256): one copy;
-- different bytes but the same content (info/index.json apart from its build `timestamp`,
-  and every file of info/paths.json with the same sha256): the same package, built twice;
-  the first channel's file is kept and the table says so. rattler-build does not write
-  byte-identical archives for the same build (see REPRODUCIBILITY below);
-- different content, but the same info/index.json (apart from `timestamp`) and the same
-  source digest in info/about.json (`extra: sm7x-source-digest`, which ./build.sh sets
-  from the source tree, the toolchain channel and rattler-build): one recipe variant built
-  from the same source on two machines; the first channel's file is kept;
-- anything else is a conflict: two different packages under one name (e.g. the same
-  version built from two commits), and a mirror can hold one. The merge refuses and lists
-  them all. With `--keep-first` it keeps the first channel's file instead, where
-  info/index.json agrees, and says so in the table.
+- different bytes but the same payload: the same package, recompressed or rebuilt
+  reproducibly; the first channel's file is kept and the table says so. The payload is
+  what installing the package writes and is told, read from each archive itself (never
+  from what it declares about itself): every file outside info/ (sha256 of its bytes, the
+  executable bit, a symlink's target), info/index.json apart from its build `timestamp`,
+  the install instructions of info/paths.json (type, sha256, size, prefix placeholder,
+  no_link of every path) and info/link.json;
+- any other difference under one file name is refused, whatever the packages declare
+  (a source digest in info/about.json, equal metadata): a mirror can hold one file of that
+  name, and a copy with an added file and unchanged metadata is exactly what an attacker
+  would bring. The merge lists every conflict. `--keep-first` is the explicit override:
+  it takes the first channel's copy where info/index.json agrees, and the table says so
+  for each package it decided.
 
 REPRODUCIBILITY (rattler-build 0.73, measured by building the default variants twice from
 one source tree): no archive came out byte-identical. The noarch `sm7x` differed only in
 index.json's `timestamp`; each sm7x-ext .so in 19-20 bytes of its GNU build-id; the CUDA
 libraries in nvcc's per-file anonymous-namespace hash (`_GLOBAL__N__<hash>_...`), which
-follows the timestamped build directory. Hence the source digest.
+follows the timestamped build directory. So until the builds are reproducible, the copies
+that several machines build of one output differ in payload, and merging their channels
+needs --keep-first (the conflict message names the source digest both copies declare).
 
 The result is written atomically (OUT.partial, renamed into place), indexed by rattler and
 verified before the rename; a failed merge leaves an existing OUT as it was.
@@ -35,11 +38,12 @@ import asyncio
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rattler.package_streaming import PackageArchive
+from rattler.package_streaming import PackageArchive, extract
 
 from ..channel import is_channel
 from ..hashing import Digest, file_digest
@@ -48,6 +52,7 @@ from . import (
     AirgapError,
     index,
     is_package,
+    read_json,
     short,
     staged,
     subdirs,
@@ -79,61 +84,69 @@ class MergeResult:
     seconds: float
 
 
-def _content(path: Path) -> tuple[dict, dict]:
-    """info/index.json (without its build time) and {file: (sha256, size, type)} of info/paths.json."""
-
-    async def read():
-        pkg = await PackageArchive.from_path(path)
-        raw = await pkg.read_file("info/index.json")
-        return raw, await pkg.paths_json()
-
-    raw, paths = asyncio.run(read())
-    index_json = {k: v for k, v in json.loads(raw).items() if k not in IGNORED_INDEX_KEYS}
-    files = {str(p.relative_path): (p.sha256.hex() if p.sha256 else None, p.size_in_bytes, str(p.path_type))
-             for p in paths.paths}
+def _payload(path: Path) -> tuple[dict, dict]:
+    """info/index.json (without its build time) and {entry: what installing writes or is told},
+    read from the archive's own bytes: the files outside info/ as they are (not as its
+    paths.json says they are), info/paths.json's install instructions and info/link.json."""
+    with tempfile.TemporaryDirectory(prefix="sm7x-merge-") as tmp:
+        root = Path(tmp)
+        extract(path, root)
+        index_json = {k: v for k, v in read_json(root / "info" / "index.json").items() if k not in IGNORED_INDEX_KEYS}
+        files: dict[str, tuple] = {}
+        for p in sorted(root.rglob("*")):
+            rel = p.relative_to(root).as_posix()
+            if rel.startswith("info/"):
+                continue
+            if p.is_symlink():
+                files[rel] = ("symlink", os.readlink(p))
+            elif p.is_file():
+                files[rel] = ("file", file_digest(p).sha256, bool(p.stat().st_mode & 0o111))
+        paths = root / "info" / "paths.json"
+        for entry in (read_json(paths).get("paths", []) if paths.exists() else []):
+            files[f"info/paths.json:{entry.get('_path')}"] = tuple(
+                json.dumps(entry.get(k), sort_keys=True) for k in INSTALL_KEYS)
+        link = root / "info" / "link.json"
+        if link.exists():
+            files["info/link.json"] = ("json", json.dumps(read_json(link), sort_keys=True))
     return index_json, files
 
 
+# what info/paths.json tells the installer about each path (the rest is informational)
+INSTALL_KEYS = ("path_type", "sha256", "size_in_bytes", "prefix_placeholder", "file_mode", "no_link")
 SOURCE_DIGEST_KEY = "sm7x-source-digest"  # recipe.yaml `extra:`, set by ./build.sh
 
 
-def _identity(path: Path) -> tuple[dict, str | None]:
-    """info/index.json without its build time, and the source digest in info/about.json."""
+def declared_source(path: Path) -> str | None:
+    """The source digest a package declares in info/about.json: shown in a conflict, never
+    a reason to accept one (an altered copy declares whatever its original did)."""
 
     async def read():
-        pkg = await PackageArchive.from_path(path)
-        return await pkg.read_file("info/index.json"), await pkg.read_file("info/about.json")
+        return await (await PackageArchive.from_path(path)).read_file("info/about.json")
 
-    raw_index, raw_about = asyncio.run(read())
-    index_json = {k: v for k, v in json.loads(raw_index).items() if k not in IGNORED_INDEX_KEYS}
-    extra = json.loads(raw_about or b"{}").get("extra") or {}
-    digest_ = extra.get(SOURCE_DIGEST_KEY)
-    return index_json, None if digest_ in (None, "", "unknown") else str(digest_)
-
-
-def same_build(a: Path, b: Path) -> str | None:
-    """The source digest when a and b are one recipe variant built from the same source and
-    toolchain on two machines (their bytes differ: GNU build-ids, nvcc's per-build-dir
-    names); None otherwise."""
     try:
-        (ia, da), (ib, db) = _identity(a), _identity(b)
-    except READ_ERRORS:
+        extra = json.loads(asyncio.run(read()) or b"{}").get("extra") or {}
+    except (*READ_ERRORS, AttributeError):
         return None
-    return da if da is not None and da == db and ia == ib else None
+    digest_ = extra.get(SOURCE_DIGEST_KEY)
+    return None if digest_ in (None, "", "unknown") else str(digest_)
 
 
 def compare_content(a: Path, b: Path) -> list[str]:
-    """What differs between two package archives' content; [] when they are the same package."""
+    """What differs between two package archives' payloads; [] when they install the same."""
     try:
-        (ia, fa), (ib, fb) = _content(a), _content(b)
+        (ia, fa), (ib, fb) = _payload(a), _payload(b)
     except READ_ERRORS as exc:
         return [f"cannot read both archives ({str(exc).strip()})"]
     diffs = [f"index.json {k}: {ia.get(k)!r} vs {ib.get(k)!r}"
              for k in sorted(set(ia) | set(ib)) if ia.get(k) != ib.get(k)]
     changed = sorted(p for p in set(fa) | set(fb) if fa.get(p) != fb.get(p))
     if changed:
-        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-        diffs.append(f"{len(changed)} file(s) of paths.json differ: {shown}")
+        only = {p: "only in the first" if p not in fb else "only in the second" if p not in fa else ""
+                for p in changed}
+        shown = ", ".join(f"{p} ({only[p]})" if only[p] else p for p in changed[:4])
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        diffs.append(f"payload: {len(changed)} {'entry differs' if len(changed) == 1 else 'entries differ'}: "
+                     f"{shown}{more}")
     return diffs
 
 
@@ -168,26 +181,29 @@ def plan(channels: list[Path], keep_first: bool = False) -> list[Entry]:
             elif first.digest.sha256 == entry.digest.sha256:
                 first.notes.append(f"identical in {number}")
             elif not (diffs := compare_content(first.path, entry.path)):
-                first.notes.append(f"{number} has the same content in other bytes (rebuilt): kept {first.channel}'s")
-            elif source := same_build(first.path, entry.path):
-                first.notes.append(f"{number} built the same variant from the same source ({source[:12]}…) "
-                                   f"into other bytes: kept {first.channel}'s")
+                first.notes.append(f"{number} has the same payload in other bytes (recompressed or rebuilt): "
+                                   f"kept {first.channel}'s")
             elif keep_first and not any(d.startswith("index.json") for d in diffs):
-                first.notes.append(f"--keep-first: {number} has other content ({'; '.join(diffs)}); "
+                first.notes.append(f"--keep-first: {number} has another payload ({'; '.join(diffs)}); "
                                    f"kept {first.channel}'s")
             else:
+                sources = {declared_source(first.path), declared_source(entry.path)}
+                said = (f"    both declare source digest {short(sources.pop())}: the same source built twice into "
+                        "other bytes (not reproducible) or one of them altered; the declaration proves neither\n"
+                        if len(sources) == 1 and None not in sources else "")
                 conflicts.append(f"  {entry.key[0]}/{entry.key[1]}:\n"
                                  f"    {first.channel}: {first.path} (sha256 {short(first.digest.sha256)})\n"
                                  f"    {number}: {entry.path} (sha256 {short(entry.digest.sha256)})\n"
-                                 + "".join(f"    differs: {d}\n" for d in diffs))
+                                 + "".join(f"    differs: {d}\n" for d in diffs) + said)
     if damaged:
         raise AirgapError("source channel(s) damaged; check them with ./airgap.sh verify DIR and rebuild or "
                           "copy them again:\n  " + "\n  ".join(damaged))
     if conflicts:
-        raise AirgapError(f"{len(conflicts)} package(s) have the same file name but different content in two "
-                          "channels; a mirror can hold only one. rattler-build does not rebuild byte for byte, "
-                          "so build each package on one machine only, drop a channel, or pass --keep-first to "
-                          "keep the first channel's copy where the metadata agree:\n" + "".join(conflicts).rstrip())
+        raise AirgapError(f"{len(conflicts)} package(s) have the same file name but a different payload in two "
+                          "channels; a mirror can hold only one, and merge never picks one by what the packages "
+                          "declare. Build each package on one machine only, drop a channel, or, when you know "
+                          "which copy is right, list its channel first and pass --keep-first (it takes the first "
+                          "channel's copy where info/index.json agrees):\n" + "".join(conflicts).rstrip())
     return sorted(chosen.values(), key=lambda e: e.key)
 
 

@@ -6,13 +6,21 @@ other side can fetch them again. Every problem is reported, not just the first:
 - each subdir's repodata.json parses; every listed file exists with the recorded size,
   sha256 and md5; every package file on disk is listed; each package's own info/index.json
   (read by rattler) agrees with its record;
+- every file is accounted for: a package or repodata.json of an indexed subdir whose name
+  is a conda platform, the channel's .sm7x-stamp, and for a bundle the files bundle.json
+  lists. A stray file, a package under a subdir no client reads (osx-64/ without a
+  repodata.json), an @EXPLICIT file of no environment of the bundle: each is a problem, as
+  verify cannot say what it is or vouch for it;
 - every dependency is satisfiable by some package of the channel, or of `--with` channels
-  (virtual packages, `__*`, excepted);
+  (virtual packages, `__*`, excepted; ./airgap.sh adds the bootstrap channel for a channel);
 - with `--against SOURCE`, every package of the source channel (or bundle) must be here
-  with the source's sha256: a mirror altered and re-indexed agrees with itself, not with it;
+  with the source's sha256, and every package here must be one of the source's: a mirror
+  altered and re-indexed agrees with itself, not with it;
 - for a bundle, the hashes are also checked against the records that do not live in the
   channel: pixi.lock, envs/*.txt and bundle.json. Someone who alters a package and
-  re-indexes passes a repodata-only check; these independent records still catch it. Each
+  re-indexes passes a repodata-only check; these independent records still catch it. Every
+  URL of pixi.lock and of every envs/*.txt must be a package file of the bundle's channel
+  (its base URL + `/<subdir>/<file>`, nothing else). Each
   environment is then solved again, offline, from the bundle's channel with its recorded
   virtual packages, and must give the packages of the lock.
 """
@@ -20,19 +28,21 @@ other side can fetch them again. Every problem is reported, not just the first:
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
-from rattler import Channel, IndexJson, LockFile, MatchSpec, RepoData
+from rattler import Channel, IndexJson, LockFile, MatchSpec, RepoData, Subdir
 from rattler.explicit_environment import ExplicitEnvironmentSpec
 
-from ..channel import is_channel, require_channel
+from ..channel import STAMP, is_channel, require_channel
 from ..envs import RATTLER_ERRORS, solve
 from ..hashing import Digest, file_digest
 from . import (
+    PACKAGE_SUFFIXES,
     SHA256SUMS,
     READ_ERRORS,
     AirgapError,
@@ -46,6 +56,11 @@ from . import (
 FIX_CHANNEL = "copy it again from the source channel, then verify again"
 FIX_BUNDLE = "copy the bundle again from where it was made, or re-make it (./airgap.sh bundle)"
 FIX_INDEX = "re-index the channel (./airgap.sh merge NEW DIR writes an indexed copy) or copy it again"
+FIX_STRAY = ("remove it: verify vouches only for what a record lists (repodata.json, bundle.json); if it "
+             "belongs there, re-index the channel or re-make the bundle")
+PLATFORMS = {str(p) for p in Subdir.all()}  # the subdir names a conda client reads
+# what a bundle URL may name below its channel: <subdir>/<package file>, nothing that leaves it
+_URL_TAIL = re.compile(r"[a-z0-9-]+/[^/]+\.(conda|tar\.bz2)")
 
 
 @dataclass
@@ -85,6 +100,9 @@ class _Verifier:
         self.pool = []  # RepoDataRecords of the verified channel
         self.manifest: dict | None = None
         self.lock_envs: dict[str, list] = {}
+        self.accounted = {self.rel(self.channel / STAMP)}  # files a record lists; ./build.sh's stamp
+        self.reported: set[str] = set()  # files already named by a problem of their own
+        self.against: set[str] | None = None  # with --against: the package files of the sources
 
     def rel(self, path: Path) -> str:
         return str(path.relative_to(self.root))
@@ -109,6 +127,10 @@ class _Verifier:
 
     def check_subdir(self, sub: Path) -> None:
         repodata = sub / "repodata.json"
+        self.accounted.add(self.rel(repodata))
+        if sub.name not in PLATFORMS:
+            self.problem(sub, f"{sub.name}/ is not a conda platform subdir: no client reads it, and what it "
+                              "holds was not installed by anyone", FIX_STRAY)
         if not repodata.is_file():
             self.problem(sub, "no repodata.json: clients cannot see this subdir (every subdir needs one, "
                               "noarch included)", FIX_INDEX)
@@ -124,6 +146,10 @@ class _Verifier:
         for fn, rec in sorted(listed.items()):
             path = sub / fn
             self.expect[self.rel(path)].append((self.rel(repodata), "", rec.get("sha256"), rec.get("size")))
+            self.accounted.add(self.rel(path))
+            if rec.get("subdir") not in (None, sub.name):
+                self.problem(path, f"{self.rel(repodata)} records it for subdir {rec['subdir']!r}, but it lies in "
+                                   f"{sub.name}/", FIX_INDEX)
             got = self.digest(path)
             if got is None:
                 continue  # reported with the expectations
@@ -133,6 +159,7 @@ class _Verifier:
                 self.problem(path, f"md5 {got.md5} differs from {rec['md5']} in {self.rel(repodata)}", FIX_INDEX)
             self.check_index_json(path, rec, self.rel(repodata))
         for path in sorted(p for p in sub.iterdir() if is_package(p) and p.name not in listed):
+            self.reported.add(self.rel(path))
             self.problem(path, f"package file not listed in {self.rel(repodata)}: no client will ever install it",
                          "remove it, or re-index the channel if it belongs there")
 
@@ -172,8 +199,10 @@ class _Verifier:
             self.problem(self.root / "bundle.json", f"does not parse as a bundle manifest ({exc})")
             self.manifest = None
             return
+        self.accounted |= {"bundle.json", SHA256SUMS}
         for rel, rec in files.items():
             self.expect[rel].append(("bundle.json", "", rec.get("sha256"), rec.get("size")))
+            self.accounted.add(rel)
         if base.startswith("file://") and url_to_path(base) != self.channel:
             self.report.notes.append(f"this bundle's URLs point at {base}, but it lies at {self.root}: "
                                      f"on the target, put it at {url_to_path(base).parent} (or re-make it with "
@@ -182,10 +211,20 @@ class _Verifier:
         self.read_lock(base, set(envs))
         for name in envs:
             self.read_explicit(self.root / "envs" / f"{name}.txt", base)
+        # an @EXPLICIT file of no environment: `conda create --file` would install what it says
+        for path in sorted((self.root / "envs").glob("*.txt")):
+            if path.stem not in envs:
+                self.reported.add(self.rel(path))
+                self.problem(path, "an @EXPLICIT file of no environment in bundle.json: this bundle did not make "
+                                   "it, and conda would install whatever it names", FIX_STRAY)
+                self.read_explicit(path, base)
 
     def url_rel(self, url: str, base: str) -> str | None:
+        """channel/<subdir>/<file> for a URL of a package of the bundle's channel, else None
+        (another host or path, or a `..` that leaves the channel)."""
         url, base = unquote(url), unquote(base)
-        return "channel/" + url[len(base) + 1:] if url.startswith(base + "/") else None
+        tail = url[len(base) + 1:] if url.startswith(base + "/") else ""
+        return "channel/" + tail if _URL_TAIL.fullmatch(tail) and ".." not in tail.split("/") else None
 
     def read_lock(self, base: str, env_names: set[str]) -> None:
         path = self.root / "pixi.lock"
@@ -210,6 +249,9 @@ class _Verifier:
             sha, sep, rel = line.partition("  ")
             if not sep or len(sha) != 64:
                 self.problem(path, f"line {line!r} is not '<sha256>  <file>'")
+                continue
+            if rel.startswith("/") or ".." in rel.split("/"):
+                self.problem(path, f"line {line!r} names a file outside the bundle")
                 continue
             self.expect[rel].append((SHA256SUMS, "", sha, None))
 
@@ -307,6 +349,7 @@ class _Verifier:
         """
         ref_channel = ref / "channel" if (ref / "bundle.json").exists() else ref
         prefix = "channel/" if self.bundle else ""
+        self.against = self.against or set()
         for sub in subdirs(ref_channel):
             repodata = sub / "repodata.json"
             try:
@@ -316,6 +359,30 @@ class _Verifier:
             for fn, rec in {**data.get("packages", {}), **data.get("packages.conda", {})}.items():
                 self.expect[f"{prefix}{sub.name}/{fn}"].append(
                     (f"--against {repodata}", "", rec.get("sha256"), rec.get("size")))
+                self.against.add(f"{prefix}{sub.name}/{fn}")
+
+    def check_unaccounted(self) -> None:
+        """Every file (and link) under the directory must be one a record accounts for."""
+        for path in sorted(self.root.rglob("*")):
+            rel = self.rel(path)
+            if path.is_dir() and not path.is_symlink():
+                continue
+            if is_package(path) and self.against is not None and rel in self.accounted and rel not in self.against:
+                self.problem(path, "a package that no --against source has: it was added to this copy",
+                             "remove it, or give the source it came from with --against")
+            if rel in self.accounted or rel in self.reported:
+                continue
+            if path.name.endswith(PACKAGE_SUFFIXES):
+                indexed = (path.parent / "repodata.json").is_file() and path.parent.parent == self.channel
+                folder = "the top level" if path.parent == self.root else f"{self.rel(path.parent)}/"
+                where = (f"{folder} is not an indexed subdir of the channel" if not indexed
+                         else f"{folder}repodata.json does not list it")
+                self.problem(path, f"a package file no client installs from here ({where}); it was not checked",
+                             "remove it; packages belong in an indexed subdir (linux-64/, noarch/)")
+            else:
+                records = "bundle.json" if self.bundle else "repodata.json"
+                self.problem(path, f"not accounted for: no {records} lists it and it is no file these tools write",
+                             FIX_STRAY)
 
     def run(self, against: list[Path] = ()) -> Report:
         start = time.monotonic()
@@ -325,6 +392,7 @@ class _Verifier:
         for ref in against:
             self.read_reference(ref)
         self.compare()
+        self.check_unaccounted()
         self.check_dependencies()
         if self.bundle and self.resolve:
             self.resolve_envs()

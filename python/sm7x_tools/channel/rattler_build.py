@@ -2,18 +2,28 @@
 
 rattler-build reports failures only through the progress callback's log, so every log
 line goes to a file and the tail of it is shown when a build fails.
+
+rattler-build runs in a worker process (worker.py) that leads its own process group, so
+that the build scripts and compilers it starts end with the build however the build ends
+(lifecycle.py); `build` is the driver's side, `build_here` the worker's.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import os
+import sys
 import time
 from pathlib import Path
 
 from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
 
+from .. import REPO, STATE
 from ..ui import console
-from . import BuildFailed
+from . import BuildFailed, lifecycle
+
+GROUP_FILE = STATE / "build" / "group.json"  # the running build's process group, for the next start
 
 
 class _Progress:
@@ -62,9 +72,38 @@ def build_order(rendered: list) -> list:
     return sorted(unique.values(), key=lambda v: (v.recipe.build.noarch is not None, depth(v.recipe.package.name)))
 
 
+def worker_argv(spec: Path) -> list[str]:
+    return [sys.executable, "-m", "sm7x_tools.channel.worker", str(spec)]
+
+
 def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],
-          logfile: Path, test: bool = True) -> list:
-    """Build every variant of one recipe into output_dir; return rattler-build's results."""
+          logfile: Path, test: bool = True) -> None:
+    """Build every variant of one recipe into output_dir, in a worker process whose process
+    group is ended with the build; raises BuildFailed with the worker's message."""
+    spec, result = logfile.with_suffix(".spec.json"), logfile.with_suffix(".result.json")
+    result.unlink(missing_ok=True)
+    spec.write_text(json.dumps({"recipe": str(recipe), "output_dir": str(output_dir), "channels": channels,
+                                "variant_files": [str(f) for f in variant_files], "logfile": str(logfile),
+                                "test": test, "result": str(result)}))
+    try:
+        # the worker imports the tools from the source tree, then drops PYTHONPATH before building
+        status = lifecycle.run_group(worker_argv(spec), GROUP_FILE,
+                                     env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+        outcome = json.loads(result.read_text()) if result.exists() else {}
+    except ValueError:
+        outcome = {}
+    finally:  # done, failed or interrupted
+        spec.unlink(missing_ok=True)
+        result.unlink(missing_ok=True)
+    if status != 0 or not outcome.get("ok"):
+        raise BuildFailed(outcome.get("error") or f"the build process for {recipe} ended with status {status} "
+                                                  f"and no result; its log: {logfile}")
+
+
+def build_here(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],
+               logfile: Path, test: bool = True) -> list:
+    """Build every variant of one recipe into output_dir in this process (the worker's side);
+    return rattler-build's results."""
     files = [str(f) for f in variant_files]
     local = recipe.parent / "variants.yaml"
     if local.exists():
