@@ -192,3 +192,19 @@ def test_every_kernel_of_the_table_is_built_and_fits_the_card(env, arch):
     problems = kernel_problems(arch, cuobjdump(env, "-res-usage", arch),
                                cuobjdump(env, "-sass", arch), fa2_table(env))
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_tile_analysis_of_the_shipped_sass(env, arch):
+    """python -m sm7x_tools.kernels on the shipped library: every kernel of the tables is
+    found, and in each the tensor-core instructions of the K/V-tile loop do exactly one
+    tile's FLOP (4 * block_m * block_n * head_dim): the loop the analysis reports on is the
+    tile loop, so its per-tile shared-memory bytes and occupancy can be trusted."""
+    from sm7x_tools.kernels import analyse
+
+    fa2 = fa2_table(env)
+    stats = analyse(lib(env, arch), fa2, cuda_bin=str(env.prefix / "bin"))
+    found = {(s.head_dim, s.block_m, s.block_n, s.serving) for s in stats}
+    assert found == set(expected_kernels(arch, fa2)), found
+    bad = [s for s in stats if not s.tensor_flop_matches or s.blocks_per_sm < 1]
+    assert not bad, bad

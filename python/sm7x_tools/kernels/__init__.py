@@ -1,0 +1,221 @@
+"""Static analysis of the FA2 kernels from the SASS a library ships (no GPU needed).
+
+``python -m sm7x_tools.kernels LIB.so [--json]`` prints, per FA2 kernel of the library (the
+sm_70 or sm_75 SASS cuobjdump finds in it): head dim and tile, threads, registers, shared
+memory per block, the blocks and warps resident per SM of the arch's card (V100 for sm_70,
+T4 for sm_75: the occupancy rules of the CUDA occupancy calculator), and, from the body of
+the kernel's K/V-tile loop, the tensor-core instructions, the shared-memory bytes moved
+per K/V tile (per block: every LDS/STS/LDSM of the body, times 32 lanes, times the warps)
+and the FLOP per shared-memory byte (4 * rows * keys * head_dim per tile).
+
+The loop body is the span of the backward branch that encloses the most tensor-core
+instructions; both sides of a data-dependent branch inside it are counted (masking code
+has no shared-memory traffic). The FLOP the tensor-core instructions do (512 per
+HMMA.884.F32 step on sm_70, 2048 per HMMA.1688.F32 on sm_75) is checked against the
+analytic count: a mismatch means the loop was not found as one tile.
+
+Needs cuobjdump and nvdisasm on PATH (``--cuda-bin`` names their folder): conda's
+cuda-cuobjdump / cuda-nvdisasm, or any CUDA toolkit.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Per-SM limits of the cards the archs are for (CUDA occupancy calculator, cc 7.0 / 7.5).
+CARDS = {
+    "sm70": dict(card="V100", regs=65536, smem=98304, warps=64, blocks=32),
+    "sm75": dict(card="T4", regs=65536, smem=65536, warps=32, blocks=16),
+}
+REG_UNIT = 256  # registers are allocated per warp in units of 256
+SMEM_UNIT = 256  # shared memory per block in units of 256 bytes
+# FLOP per warp-level tensor-core instruction (SASS opcode prefix -> FLOP).
+TENSOR_FLOP = {"HMMA.884.F32": 512, "HMMA.884.F16": 512, "HMMA.1688.F32": 2048,
+               "HMMA.1688.F16": 2048}
+# Bytes per lane of a shared-memory access, by opcode suffix; LDSM moves whole 8x8 fp16
+# matrices (128 bytes each) per warp.
+WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
+KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)E.*ELb([01])EEEv")
+INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+
+
+@dataclass
+class KernelStats:
+    arch: str
+    head_dim: int
+    block_m: int
+    block_n: int
+    serving: bool
+    threads: int
+    regs: int
+    smem_bytes: int
+    blocks_per_sm: int
+    warps_per_sm: int
+    tensor_insns_per_tile: int  # per block
+    smem_bytes_per_tile: int  # per block
+    flop_per_tile: int  # 4 * block_m * block_n * head_dim
+    flop_per_smem_byte: float
+    tensor_flop_matches: bool
+    card: str
+
+
+def tools(cuda_bin: str | None = None) -> str:
+    """The cuobjdump to run (nvdisasm must sit beside it or on PATH)."""
+    path = None if cuda_bin is None else str(Path(cuda_bin))
+    exe = shutil.which("cuobjdump", path=path)
+    if exe is None or shutil.which("nvdisasm", path=path) is None:
+        raise FileNotFoundError(
+            "cuobjdump and nvdisasm are needed (conda: cuda-cuobjdump cuda-nvdisasm, or a CUDA "
+            "toolkit's bin/); put them on PATH or pass --cuda-bin")
+    return exe
+
+
+def _run(exe: str, args: list[str], cuda_bin: str | None) -> str:
+    env = None
+    if cuda_bin:
+        import os
+
+        env = {**os.environ, "PATH": f"{cuda_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([exe, *args], capture_output=True, text=True, check=True,
+                          env=env).stdout
+
+
+def resources(text: str) -> dict[str, tuple[str, int, int]]:
+    """cuobjdump -res-usage -> {mangled name: (arch, regs, static shared bytes)}."""
+    out, name, arch = {}, None, None
+    for line in text.splitlines():
+        m = re.search(r"arch = (sm_\d+)", line)
+        if m:
+            arch = m.group(1).replace("_", "")
+        m = re.search(r"Function (\S+):", line)
+        if m:
+            name = m.group(1)
+        m = re.search(r"REG:(\d+) STACK:\d+ SHARED:(\d+)", line)
+        if m and name:
+            out[name] = (arch, int(m.group(1)), int(m.group(2)))
+    return out
+
+
+def sass_functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
+    """cuobjdump -sass -> {mangled name: [(address, opcode, operands)]}."""
+    funcs, name = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            name = m.group(1)
+            funcs[name] = []
+            continue
+        m = INSN.search(line)
+        if m and name:
+            funcs[name].append((int(m.group(1), 16), m.group(3), m.group(4)))
+    return funcs
+
+
+def tile_loop(insns: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """The instructions of the backward branch's span holding the most tensor-core ops."""
+    best: list = []
+    best_n = -1
+    for addr, op, operands in insns:
+        if op.split(".")[0] != "BRA":  # BRA, BRA.U (uniform)
+            continue
+        m = re.search(r"0x([0-9a-f]+)", operands)
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        lo = int(m.group(1), 16)
+        body = [i for i in insns if lo <= i[0] <= addr]
+        n = sum(i[1].startswith("HMMA") for i in body)
+        if n > best_n:
+            best, best_n = body, n
+    return best
+
+
+def smem_bytes_per_warp(body: list[tuple[int, str, str]]) -> int:
+    total = 0
+    for _, op, _ in body:
+        parts = op.split(".")
+        if parts[0] == "LDSM":  # .16.M88.N: N (1, 2, 4) 8x8 fp16 matrices per warp
+            total += 128 * (int(parts[-1]) if parts[-1].isdigit() else 1)
+        elif parts[0] in ("LDS", "STS"):
+            width = next((WIDTH[p] for p in parts[1:] if p in WIDTH), 4)
+            total += 32 * width
+    return total
+
+
+def tensor_flop_per_warp(body: list[tuple[int, str, str]]) -> tuple[int, int]:
+    n = flop = 0
+    for _, op, _ in body:
+        for prefix, f in TENSOR_FLOP.items():
+            if op.startswith(prefix):
+                n += 1
+                flop += f
+    return n, flop
+
+
+def occupancy(arch: str, threads: int, regs: int, smem: int) -> tuple[int, int]:
+    """(blocks, warps) resident per SM of the arch's card."""
+    c = CARDS[arch]
+    warps = -(-threads // 32)
+    per_warp = -(-regs * 32 // REG_UNIT) * REG_UNIT
+    by_regs = (c["regs"] // per_warp) // warps if per_warp else c["blocks"]
+    smem_alloc = -(-smem // SMEM_UNIT) * SMEM_UNIT
+    by_smem = c["smem"] // smem_alloc if smem_alloc else c["blocks"]
+    blocks = min(by_regs, by_smem, c["warps"] // warps, c["blocks"])
+    return blocks, blocks * warps
+
+
+def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list[KernelStats]:
+    """Stats of every FA2 fwd kernel in lib; targets: targets.json's "fa2" table (its
+    smem_bytes: the kernels' shared memory is dynamic, not in the resource usage)."""
+    exe = tools(cuda_bin)
+    res = resources(_run(exe, ["-res-usage", str(lib)], cuda_bin))
+    funcs = sass_functions(_run(exe, ["-sass", str(lib)], cuda_bin))
+    out = []
+    for name, insns in funcs.items():
+        m = KERNEL.search(name)
+        if not m or name not in res:
+            continue
+        d, bm, bn, serving = (int(g) for g in m.groups())
+        arch, regs, static_smem = res[name]
+        table = targets["serving_kernels" if serving else "kernels"][arch]
+        entry = next((e for e in table if (e["head_dim"], e["block_m"], e["block_n"])
+                      == (d, bm, bn)), None)
+        if entry is None and serving:  # the wide serving kernels run the prefill tiles
+            entry = next(e for e in targets["kernels"][arch]
+                         if (e["head_dim"], e["block_m"], e["block_n"]) == (d, bm, bn))
+        threads, smem = entry["threads"], entry["smem_bytes"] + static_smem
+        warps = threads // 32
+        body = tile_loop(insns)
+        n_tensor, flop_warp = tensor_flop_per_warp(body)
+        smem_tile = smem_bytes_per_warp(body) * warps
+        flop = 4 * bm * bn * d
+        blocks, resident = occupancy(arch, threads, regs, smem)
+        out.append(KernelStats(arch, d, bm, bn, bool(serving), threads, regs, smem, blocks,
+                               resident, n_tensor * warps, smem_tile, flop,
+                               round(flop / smem_tile, 2) if smem_tile else float("inf"),
+                               flop_warp * warps == flop, CARDS[arch]["card"]))
+    return sorted(out, key=lambda s: (s.arch, s.serving, s.head_dim, s.block_m))
+
+
+def render(stats: list[KernelStats]) -> str:
+    head = (f"{'arch':<5} {'kernel':<8} {'d':>3} {'tile':>7} {'thr':>4} {'regs':>4} "
+            f"{'smem/blk':>8} {'blk/SM':>6} {'warps/SM':>8} {'MMA/tile':>8} "
+            f"{'smem B/tile':>11} {'FLOP/B':>7} {'check':>5}")
+    lines = [head]
+    for s in stats:
+        lines.append(f"{s.arch:<5} {'serving' if s.serving else 'prefill':<8} {s.head_dim:>3} "
+                     f"{s.block_m:>3}x{s.block_n:<3} {s.threads:>4} {s.regs:>4} "
+                     f"{s.smem_bytes:>8} {s.blocks_per_sm:>6} {s.warps_per_sm:>8} "
+                     f"{s.tensor_insns_per_tile:>8} {s.smem_bytes_per_tile:>11} "
+                     f"{s.flop_per_smem_byte:>7} {'ok' if s.tensor_flop_matches else 'FLOP?':>5}")
+    cards = sorted({f"{s.arch}: {s.card}" for s in stats})
+    lines.append(f"per SM of: {', '.join(cards)}; MMA/tile and smem B/tile per block per K/V "
+                 f"tile; FLOP/B = 4*rows*keys*d / smem bytes")
+    return "\n".join(lines)
+
+
+def as_json(stats: list[KernelStats]) -> list[dict]:
+    return [asdict(s) for s in stats]
