@@ -97,8 +97,7 @@ def check_writes(api: str, outputs: dict, inputs: dict, in_place: tuple = ()) ->
                              f"overlapping view); pass a tensor with its own storage (e.g. "
                              f"{name}.contiguous() or torch.empty_like)")
     for i, (name, t) in enumerate(outs):
-        others = [(n, u) for n, u in outs[i + 1:]]
-        others += [(n, u) for n, u in inputs.items() if u is not None]
+        others = outs[i + 1:] + [(n, u) for n, u in inputs.items() if u is not None]
         for other, u in others:
             if (name, other) in in_place and same_view(t, u):
                 continue

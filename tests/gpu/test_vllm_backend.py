@@ -60,6 +60,7 @@ if (_why := _why_not()) is not None:
 
 from fa2_reference import WORST, _record, report_worst  # noqa: E402
 
+from sm7x.integrations import flash_window  # noqa: E402
 from sm7x.integrations.vllm import _compute  # noqa: E402
 
 assert "vllm" not in sys.modules  # the point of this file: no vLLM on the GPU machine
@@ -220,7 +221,7 @@ def test_mixed_batch_window_softcap(window, softcap):
     query, slot_mapping = b.step()
     md = b.metadata(slot_mapping)
     output = torch.empty(query.shape, dtype=F16, device=DEV)
-    win = _compute.window_of(window)
+    win = flash_window(window)
     _compute.attention(query, b.kv, output, md, head_size=d, scale=d ** -0.5,
                        window_size=win, softcap=softcap)
     err = (output[:md.num_actual_tokens].float() - b.reference(win, softcap)).abs().max().item()

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from sm7x_tools import envs
+from sm7x_tools import envs, kernels
 from pkgtest import CHANNEL, CHANNELS, run
 
 pytestmark = pytest.mark.package
@@ -23,10 +23,6 @@ ARCHS = {
     "sm70": ("HMMA.884", "LDG.E.128"),
 }
 REG_GRANULE = 8  # registers are allocated per thread in multiples of 8 on sm_70 / sm_75
-# the kernel's config in its mangled name: FwdConfig<head_dim, block_m, block_n, ...>, and
-# its second template argument: fwd_kernel<Config, SERVING>
-CONFIG = re.compile(r"FwdConfigILi(\d+)ELi(\d+)ELi(\d+)E")
-SERVING = re.compile(r"ELb([01])EEEvNS0_9FwdParamsE$")
 
 
 def lib(env, arch):
@@ -103,25 +99,6 @@ def test_op_errors_name_the_op_and_no_build_path(env):
         assert not re.search(r"[\s,]/[^\s,:]+/csrc/", line), f"a build path in {line!r}"
 
 
-def res_usage(text: str) -> dict[str, dict]:
-    """cuobjdump -res-usage: per kernel (mangled name) REG, STACK, SHARED, LOCAL."""
-    kernels, name = {}, None
-    for line in text.splitlines():
-        m = re.search(r"Function (\S+):", line)
-        if m:
-            name = m.group(1)
-        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
-        if m and name:
-            kernels[name] = dict(zip(("reg", "stack", "shared", "local"), map(int, m.groups())))
-    return kernels
-
-
-def sass_bodies(text: str) -> dict[str, str]:
-    """cuobjdump -sass: per kernel (mangled name) its SASS."""
-    parts = re.split(r"\n\s*Function : ", text)[1:]
-    return {part.split("\n", 1)[0].strip(): part for part in parts}
-
-
 def expected_kernels(arch: str, fa2: dict) -> dict[tuple, dict]:
     """(head_dim, block_m, block_n, serving) -> its table entry: the prefill kernels
     (fa2.kernels), the narrow serving ones (fa2.serving_kernels) and the wide serving ones
@@ -146,12 +123,11 @@ def kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list
     block); it keeps nothing in local memory (spills, stack); it runs on tensor cores and
     128-bit loads (ARCHS)."""
     limits = fa2["card_limits"][arch]
-    res, sass = res_usage(res_text), sass_bodies(sass_text)
+    res, sass = kernels.resources(res_text), kernels.sass_functions(sass_text)
     found = {}
     for name in res:
-        m, kind = CONFIG.search(name), SERVING.search(name)
-        if m and kind:
-            key = (*map(int, m.groups()), kind.group(1) == "1")
+        key = kernels.kernel_key(name)
+        if key is not None:
             found.setdefault(key, []).append(name)
     problems = []
     for key, e in expected_kernels(arch, fa2).items():
@@ -171,8 +147,9 @@ def kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list
                             f"{limits['smem_per_block']} per block")
         if r["local"] or r["stack"]:
             problems.append(f"{what}: local memory (spills) {r}")
+        ops = [op for _, op, _ in sass.get(name, [])]
         for instruction in ARCHS[arch]:
-            if instruction not in sass.get(name, ""):
+            if not any(op.startswith(instruction) for op in ops):
                 problems.append(f"{what}: no {instruction} in its SASS")
     problems += [f"{arch} {key}: kernel not in targets.json: {names}" for key, names in found.items()]
     return problems
@@ -200,10 +177,8 @@ def test_static_tile_analysis_of_the_shipped_sass(env, arch):
     found, and in each the tensor-core instructions of the K/V-tile loop do exactly one
     tile's FLOP (4 * block_m * block_n * head_dim): the loop the analysis reports on is the
     tile loop, so its per-tile shared-memory bytes and occupancy can be trusted."""
-    from sm7x_tools.kernels import analyse
-
     fa2 = fa2_table(env)
-    stats = analyse(lib(env, arch), fa2, cuda_bin=str(env.prefix / "bin"))
+    stats = kernels.analyse(lib(env, arch), fa2, cuda_bin=str(env.prefix / "bin"))
     found = {(s.head_dim, s.block_m, s.block_n, s.serving) for s in stats}
     assert found == set(expected_kernels(arch, fa2)), found
     bad = [s for s in stats if not s.tensor_flop_matches or s.blocks_per_sm < 1]

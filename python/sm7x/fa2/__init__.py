@@ -144,6 +144,15 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
                          f"max_seqlen_{tensor} is {max_seqlen}; pass the longest length")
 
 
+def _check_max_seqlens(fn: str, max_seqlen_q, max_seqlen_k) -> tuple[int, int]:
+    api = f"sm7x.fa2.{fn}"
+    max_seqlen_q = _args.integer(api, "max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _args.integer(api, "max_seqlen_k", max_seqlen_k)
+    if max_seqlen_q < 0 or max_seqlen_k < 0:
+        raise ValueError(f"{api}: max_seqlen_q/max_seqlen_k must be >= 0")
+    return max_seqlen_q, max_seqlen_k
+
+
 def _check_out_alias(fn: str, out: torch.Tensor, **inputs) -> None:
     """A caller's out= must not overlap itself (an expanded tensor: rows written twice) or
     any input the kernels still read while it is written (keys, values, the cache); only a
@@ -291,11 +300,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"sm7x.fa2.{fn}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and "
                          f"cu_seqlens_k {tuple(cu_seqlens_k.shape)} must both be [batch + 1]")
-    api = f"sm7x.fa2.{fn}"
-    max_seqlen_q = _args.integer(api, "max_seqlen_q", max_seqlen_q)
-    max_seqlen_k = _args.integer(api, "max_seqlen_k", max_seqlen_k)
-    if max_seqlen_q < 0 or max_seqlen_k < 0:
-        raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_q/max_seqlen_k must be >= 0")
+    max_seqlen_q, max_seqlen_k = _check_max_seqlens(fn, max_seqlen_q, max_seqlen_k)
     _check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
     _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _args, _targets
-from . import (_check_cuda, _check_heads, _check_options, _check_out_alias, _check_tensor,
-               _kernel_layout, _ops_for)
+from . import (_check_cuda, _check_heads, _check_max_seqlens, _check_options,
+               _check_out_alias, _check_tensor, _kernel_layout, _ops_for)
 
 _MAX_SPLITS = 128
 # A partition walks at least this many key tiles: below it the prologue (Q tile, first
@@ -331,11 +331,7 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     else:
         raise ValueError(f"sm7x.fa2.{fn}: with block_table pass seqused_k (int32 [batch], the "
                          f"key count of each sequence) or cu_seqlens_k")
-    api = f"sm7x.fa2.{fn}"
-    max_seqlen_q = _args.integer(api, "max_seqlen_q", max_seqlen_q)
-    max_seqlen_k = _args.integer(api, "max_seqlen_k", max_seqlen_k)
-    if max_seqlen_q < 0 or max_seqlen_k < 0:
-        raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_q/max_seqlen_k must be >= 0")
+    max_seqlen_q, max_seqlen_k = _check_max_seqlens(fn, max_seqlen_q, max_seqlen_k)
     capacity = block_table.shape[1] * k.shape[1] if paged else k.shape[1]
     if max_seqlen_k > capacity:
         raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_k ({max_seqlen_k}) is larger than the "

@@ -40,6 +40,7 @@ except ImportError as exc:  # not installed, or older than the attention interfa
     ) from exc
 
 from .. import fa2
+from . import flash_window
 
 NAME = "sm7x"
 PAGED_NAME = f"paged|{NAME}"
@@ -94,13 +95,6 @@ def _check_call(module, query, attention_mask, dropout, kwargs) -> None:
                 "run under torch.no_grad()/torch.inference_mode(), or train with 'sdpa'")
 
 
-def _window(sliding_window, causal: bool) -> tuple[int, int]:
-    """transformers' sliding_window=W: a query sees W keys, itself included."""
-    if not sliding_window:
-        return (-1, -1)
-    return (sliding_window - 1, 0 if causal else sliding_window - 1)
-
-
 # ---------------------------------------------------------------------------------------
 # attn_implementation="sm7x"
 
@@ -119,7 +113,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         value = torch.nn.functional.pad(value, [0, hd - v_hd])
     # [batch, seq, heads, head_dim] views: the kernels read these strides in place
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-    opts = dict(softmax_scale=scaling, causal=causal, window_size=_window(sliding_window, causal),
+    opts = dict(softmax_scale=scaling, causal=causal, window_size=flash_window(sliding_window, causal),
                 softcap=softcap or 0.0)
     if attention_mask is not None:
         out = _masked(q, k, v, attention_mask, opts, getattr(module, "layer_idx", None))
@@ -274,7 +268,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, dropout=0
     read, write = kwargs["read_index"][group], kwargs["write_index"][group]
     q = query[0].transpose(0, 1)  # [tokens, heads, head_dim]
     opts = dict(softmax_scale=scaling if scaling is not None else module.scaling, causal=True,
-                window_size=_window(sliding, True), softcap=softcap or 0.0)
+                window_size=flash_window(sliding), softcap=softcap or 0.0)
     # rows past the last sequence (CUDA-graph padding) are never written by the kernels
     out = torch.zeros_like(q)
     bs = cache.block_size

@@ -39,6 +39,7 @@ TENSOR_FLOP = {"HMMA.884.F32": 512, "HMMA.884.F16": 512, "HMMA.1688.F32": 2048,
 # Bytes per lane of a shared-memory access, by opcode suffix; LDSM moves whole 8x8 fp16
 # matrices (128 bytes each) per warp.
 WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
+# fwd_kernel<FwdConfig<head_dim, block_m, block_n, ...>, SERVING> in a mangled name
 KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)E.*ELb([01])EEEv")
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 
@@ -84,8 +85,9 @@ def _run(exe: str, args: list[str], cuda_bin: str | None) -> str:
                           env=env).stdout
 
 
-def resources(text: str) -> dict[str, tuple[str, int, int]]:
-    """cuobjdump -res-usage -> {mangled name: (arch, regs, static shared bytes)}."""
+def resources(text: str) -> dict[str, dict]:
+    """cuobjdump -res-usage -> {mangled name: {arch, reg, stack, shared, local}} (shared:
+    the static shared memory; the FA2 kernels' tiles are dynamic)."""
     out, name, arch = {}, None, None
     for line in text.splitlines():
         m = re.search(r"arch = (sm_\d+)", line)
@@ -94,10 +96,20 @@ def resources(text: str) -> dict[str, tuple[str, int, int]]:
         m = re.search(r"Function (\S+):", line)
         if m:
             name = m.group(1)
-        m = re.search(r"REG:(\d+) STACK:\d+ SHARED:(\d+)", line)
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
         if m and name:
-            out[name] = (arch, int(m.group(1)), int(m.group(2)))
+            out[name] = dict(zip(("reg", "stack", "shared", "local"), map(int, m.groups())),
+                             arch=arch)
     return out
+
+
+def kernel_key(name: str) -> tuple[int, int, int, bool] | None:
+    """(head_dim, block_m, block_n, serving) of an FA2 fwd kernel's mangled name."""
+    m = KERNEL.search(name)
+    if not m:
+        return None
+    d, bm, bn, serving = (int(g) for g in m.groups())
+    return d, bm, bn, bool(serving)
 
 
 def sass_functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
@@ -175,11 +187,11 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
     funcs = sass_functions(_run(exe, ["-sass", str(lib)], cuda_bin))
     out = []
     for name, insns in funcs.items():
-        m = KERNEL.search(name)
-        if not m or name not in res:
+        key = kernel_key(name)
+        if key is None or name not in res:
             continue
-        d, bm, bn, serving = (int(g) for g in m.groups())
-        arch, regs, static_smem = res[name]
+        d, bm, bn, serving = key
+        arch, regs, static_smem = res[name]["arch"], res[name]["reg"], res[name]["shared"]
         table = targets["serving_kernels" if serving else "kernels"][arch]
         entry = next((e for e in table if (e["head_dim"], e["block_m"], e["block_n"])
                       == (d, bm, bn)), None)

@@ -107,12 +107,6 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
     return output
 
 
-def window_of(sliding_window: int | None) -> tuple[int, int]:
-    """vLLM's sliding_window (keys a query sees, itself included) as flash-attn's
-    (left, right) window of a causal decoder."""
-    return (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
-
-
 def make_plan(num_reqs: int, max_query_len: int, max_seq_len: int, num_heads: int,
               num_kv_heads: int, head_size: int, device) -> fa2.DecodePlan:
     """The split-KV plan (and its workspace) of one captured batch shape."""

@@ -28,6 +28,7 @@ from vllm.v1.attention.backend import (
 )
 
 from ... import _install_hints, _select, fa2
+from .. import flash_window
 from . import CAPABILITIES, _compute
 from ._compute import Sm7xAttentionMetadata
 
@@ -260,7 +261,7 @@ class Sm7xFlashAttentionImpl(AttentionImpl[Sm7xAttentionMetadata]):
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
-        self.sliding_window = _compute.window_of(sliding_window)
+        self.sliding_window = flash_window(sliding_window)
         self.logits_soft_cap = float(logits_soft_cap or 0.0)
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
