@@ -1,13 +1,15 @@
 """python -m sm7x_tools.kernels LIB.so... [--json] [--cuda-bin DIR] [--targets targets.json]
 
-Exit status: 0, 1 when a library has no FA2 kernel or a kernel's tile loop was not found
-(its tensor-core FLOP do not match one tile), 2 without cuobjdump/nvdisasm.
+Exit status: 0, 1 when a library has no FA2 kernel, cuobjdump cannot read it, or a kernel's
+tile loop was not found (its tensor-core FLOP do not match one tile), 2 for a missing file
+or without cuobjdump/nvdisasm.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the targets.json the library was built from (its smem_bytes)")
     a = ap.parse_args(argv)
     fa2 = json.loads(Path(a.targets).read_text())["fa2"]
+    missing = [lib for lib in a.libs if not Path(lib).is_file()]
+    if missing:
+        print(f"sm7x_tools.kernels: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
     stats = []
     try:
         for lib in a.libs:
@@ -37,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"sm7x_tools.kernels: {exc}", file=sys.stderr)
         return 2
+    except subprocess.CalledProcessError as exc:  # not a CUDA library, or a broken one
+        print(f"sm7x_tools.kernels: cuobjdump could not read {exc.cmd[-1]}: "
+              f"{(exc.stderr or '').strip() or exc}", file=sys.stderr)
+        return 1
     print(json.dumps(as_json(stats), indent=1) if a.json else render(stats))
     return 0 if all(s.tensor_flop_matches for s in stats) else 1
 
