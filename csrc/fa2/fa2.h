@@ -105,6 +105,12 @@ int run_combine(const FwdParams& p, cudaStream_t stream);
 // index, value}.
 int validate_serving(const FwdParams& p, cudaStream_t stream, bool* checked, int bad[4]);
 
+// The benchmark's tensor-core ceiling (peak.cu): `blocks` CTAs of kMmaPeakThreads run
+// `iters` rounds of independent MMAs of this library's instruction into registers and
+// write one float per thread to out; *flop is what they computed.
+constexpr int kMmaPeakThreads = 256;
+int run_mma_peak(float* out, int blocks, int iters, cudaStream_t stream, int64_t* flop);
+
 // run_fwd of the smallest compiled head dim >= p.head_dim (dispatch.cu);
 // cudaErrorInvalidValue when p.head_dim is larger than all of them.
 int fwd(const FwdParams& p, cudaStream_t stream);

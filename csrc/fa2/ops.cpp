@@ -510,6 +510,28 @@ int64_t serving_ctas_per_sm_op(int64_t device, int64_t head_dim, bool wide) {
   return sm7x::fa2::serving_ctas_per_sm(static_cast<int>(head_dim), wide);
 }
 
+// The benchmark's tensor-core ceiling (peak.cu): out is a float32 CUDA tensor of
+// blocks x kMmaPeakThreads elements; returns the FLOP done, to be divided by the time the
+// caller measured on the current stream.
+int64_t mma_peak_op(Tensor out, int64_t iters) {
+  const char* op = "mma_peak";
+  FA2_CHECK(out.is_cuda(), op, "out must be a CUDA tensor");
+  FA2_CHECK(out.scalar_type() == ScalarType::Float, op, "out has dtype ",
+            scalar_name(out.scalar_type()), "; it must be float32");
+  FA2_CHECK(out.is_contiguous() && out.numel() > 0 && out.numel() % kMmaPeakThreads == 0 &&
+                out.numel() / kMmaPeakThreads <= 65535,
+            op, "out must be contiguous with a multiple of ", kMmaPeakThreads,
+            " elements (one per thread, at most 65535 blocks), got ", out.numel());
+  FA2_CHECK(iters > 0 && iters <= (1 << 20), op, "iters must be in [1, 2^20], got ", iters);
+  torch::stable::accelerator::DeviceGuard guard(out.get_device_index());
+  int64_t flop = 0;
+  const int err = run_mma_peak(static_cast<float*>(out.mutable_data_ptr()),
+                               static_cast<int>(out.numel() / kMmaPeakThreads),
+                               static_cast<int>(iters), current_stream(op, out), &flop);
+  FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
+  return flop;
+}
+
 }  // namespace
 }  // namespace fa2
 }  // namespace sm7x
@@ -530,6 +552,7 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
       "int seqused_add, float softmax_scale, bool causal, int window_left, int window_right, "
       "float softcap) -> ()");
   m.def("serving_ctas_per_sm(int device, int head_dim, bool wide) -> int");
+  m.def("mma_peak(Tensor(a!) out, int iters) -> int");
 }
 
 // CPU too, only so that CPU tensors get the op's own message ("must be a CUDA tensor")
@@ -537,7 +560,8 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
 #define SM7X_FA2_IMPLS(m)                                  \
   m.impl("fwd", TORCH_BOX(&sm7x::fa2::fwd_op));            \
   m.impl("fwd_varlen", TORCH_BOX(&sm7x::fa2::fwd_varlen_op));  \
-  m.impl("fwd_serving", TORCH_BOX(&sm7x::fa2::fwd_serving_op))
+  m.impl("fwd_serving", TORCH_BOX(&sm7x::fa2::fwd_serving_op)); \
+  m.impl("mma_peak", TORCH_BOX(&sm7x::fa2::mma_peak_op))
 
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CUDA, m) { SM7X_FA2_IMPLS(m); }
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CPU, m) { SM7X_FA2_IMPLS(m); }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 
+import pytest
 import torch
 
 
@@ -128,6 +129,26 @@ def check_varlen(tag, d, causal):
         c, e = cu_k[i].item(), cu_k[i + 1].item()
         ro, rl = reference(q[None, a:b_], k[None, c:e], v[None, c:e], d ** -0.5, causal)
         _compare(f"{tag}varlen d={d}", out[a:b_][None], lse[:, a:b_][None], ro, rl)
+
+
+def check_mma_peak(arch):
+    """The benchmark's ceiling loop (mma_peak) really runs its MMAs: every thread's sum of
+    accumulators is iters x 8 chains x (its share of A.B) for the constant fp16 operands, and
+    the FLOP it reports follow from its launch."""
+    ops = getattr(torch.ops, f"sm7x_fa2_{arch}")
+    out = torch.full((2 * 256,), float("nan"), device="cuda")
+    iters = 16
+    flop = ops.mma_peak(out, iters)
+    torch.cuda.synchronize()
+    a1, a2, b1, b2 = torch.tensor([1e-3, 2e-3, 3e-3, 1e-3]).half().float().tolist()
+    # sm75 m16n8k8: 4 accumulators of 4 (a1 b1 + a2 b2) terms; sm70 m8n8k4: 8 of 2 terms
+    want = iters * 8 * 16 * (a1 * b1 + a2 * b2)
+    assert flop == 2 * 8 * iters * 8 * 2048
+    assert torch.allclose(out, torch.full_like(out, want), rtol=1e-3), (out[:4], want)
+    with pytest.raises(RuntimeError, match="mma_peak: out must be contiguous with a multiple of 256"):
+        ops.mma_peak(torch.empty(100, device="cuda"), 1)
+    with pytest.raises(RuntimeError, match="mma_peak: iters must be"):
+        ops.mma_peak(out, 0)
 
 
 def check_packed_qkv():

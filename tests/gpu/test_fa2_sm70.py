@@ -34,11 +34,11 @@ pytestmark = pytest.mark.gpu
 
 
 from fa2_reference import (  # noqa: E402
-    SEQS, _qkv, check_cuda_graph, check_fwd, check_packed_qkv, check_softcap, check_varlen,
+    SEQS, _qkv, check_cuda_graph, check_mma_peak, check_fwd, check_packed_qkv, check_softcap, check_varlen,
     check_window, report_worst)
 
 
-@pytest.mark.parametrize("d", [64, 128, 32, 96, 256, 80, 40])
+@pytest.mark.parametrize("d", [64, 128, 32, 96, 112, 256, 80, 40, 72])
 @pytest.mark.parametrize("sq,sk", SEQS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 4])
@@ -97,3 +97,7 @@ def test_op_validation_messages():
 
 def test_zz_report_worst_errors():
     report_worst(" (sm70)")
+
+
+def test_mma_peak_ceiling_loop():
+    check_mma_peak("sm70")

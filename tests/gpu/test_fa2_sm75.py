@@ -28,12 +28,12 @@ if torch.cuda.get_device_capability() >= (8, 0) and os.environ.get(_select.FORCE
 from sm7x.fa2 import flash_attn_func  # noqa: E402
 from fa2_reference import (  # noqa: E402
     SEQS, _qkv, _record, check_cuda_graph, check_fwd, check_packed_qkv, check_softcap,
-    check_varlen, check_window, reference, report_worst)
+    check_mma_peak, check_varlen, check_window, reference, report_worst)
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("d", [64, 80, 128, 32, 96, 256, 40, 200])
+@pytest.mark.parametrize("d", [64, 80, 128, 32, 96, 112, 256, 40, 72, 200])
 @pytest.mark.parametrize("sq,sk", SEQS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 4, 8])
@@ -67,7 +67,7 @@ def test_softcap(causal):
     check_softcap("", causal)
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 80, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen(d, causal):
     check_varlen("", d, causal)
@@ -106,3 +106,7 @@ def test_op_validation_messages():
 
 def test_zz_report_worst_errors():
     report_worst("")
+
+
+def test_mma_peak_ceiling_loop():
+    check_mma_peak("sm75")

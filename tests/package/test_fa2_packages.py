@@ -137,9 +137,10 @@ def kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list
             problems.append(f"{what}: {len(names)} kernels in the library, want 1")
             continue
         name, r = names[0], res[names[0]]
-        regs = -(-r["reg"] // REG_GRANULE) * REG_GRANULE * e["threads"]
+        threads = kernels.kernel_threads(name)  # the wide serving kernels: 16 rows per warp
+        regs = -(-r["reg"] // REG_GRANULE) * REG_GRANULE * threads
         if regs > limits["regs_per_block"]:
-            problems.append(f"{what}: {r['reg']} registers x {e['threads']} threads "
+            problems.append(f"{what}: {r['reg']} registers x {threads} threads "
                             f"= {regs} > {limits['regs_per_block']} per block: cannot launch")
         smem = r["shared"] + e["smem_bytes"]
         if smem > limits["smem_per_block"]:

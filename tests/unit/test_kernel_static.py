@@ -4,7 +4,7 @@ libraries are analysed in tests/package/test_fa2_packages.py)."""
 from sm7x_tools import kernels
 
 SASS = """
-        Function : _ZN4sm7x3fa24sm7010fwd_kernelINS1_9FwdConfigILi64ELi64ELi64ELNS0_10KvPrefetchE1ELb0EEELb0EEEvNS0_9FwdParamsE
+        Function : _ZN4sm7x3fa24sm7010fwd_kernelINS1_9FwdConfigILi64ELi64ELi64ELNS0_10KvPrefetchE1ELb0ELi16EEELb0EEEvNS0_9FwdParamsE
         /*0000*/                   MOV R1, c[0x0][0x28] ;
         /*0010*/                   LDS.U.128 R4, [R2] ;
         /*0020*/                   HMMA.884.F32.F32.STEP0 R8, R4.ROW, R6.COL, R8 ;
@@ -18,13 +18,25 @@ SASS = """
 
 def test_tile_loop_is_the_backward_branch_span():
     (name, insns), = kernels.sass_functions(SASS).items()
-    assert kernels.KERNEL.search(name).groups() == ("64", "64", "64", "0")
+    assert kernels.kernel_key(name) == (64, 64, 64, False)
+    assert kernels.kernel_threads(name) == 128
     body = kernels.tile_loop(insns)
     assert [op for _, op, _ in body] == ["LDS.U.128", "HMMA.884.F32.F32.STEP0", "STS.64",
                                          "LDSM.16.M88.4", "BRA"]
     assert kernels.tensor_flop_per_warp(body) == (1, 512)
     # 16 B x 32 lanes + 8 B x 32 lanes + four 8x8 fp16 matrices
     assert kernels.smem_bytes_per_warp(body) == 512 + 256 + 512
+
+
+def test_kernel_threads_follow_the_warp_rows_of_the_name():
+    # sm75 d=128 128x32 tile, 32 rows per warp: 4 warps; its wide serving kernel: 16 rows, 8 warps
+    name = "_ZN4sm7x3fa24sm7510fwd_kernelINS1_9FwdConfigILi128ELi128ELi32ELNS0_10KvPrefetchE2ELb0ELi32EEELb{}EEEvNS0_9FwdParamsE"
+    assert kernels.kernel_key(name.format(0)) == (128, 128, 32, False)
+    assert kernels.kernel_threads(name.format(0)) == 128
+    wide = name.format(1).replace("ELi32EEE", "ELi16EEE")
+    assert kernels.kernel_key(wide) == (128, 128, 32, True)
+    assert kernels.kernel_threads(wide) == 256
+    assert kernels.kernel_key("_ZN4sm7x3fa212run_combineEv") is None
 
 
 def test_occupancy_rules():

@@ -19,17 +19,24 @@ namespace fa2 {
 //            warp is done with K_t; V_{t+1} is then fetched during P V_t and stored once
 //            every warp is done with V_t (sm75: 2 barriers per tile, one tile of staging
 //            registers).
-enum class KvPrefetch { kNone, kBoth, kStaged };
+//   kDouble: as kBoth, but K/V are double-buffered in shared memory: tile t+1 is stored
+//            into the buffer tile t-1 used, which every warp left before the last
+//            barrier, so one barrier per tile suffices (sm75; twice the K/V smem).
+enum class KvPrefetch { kNone, kBoth, kStaged, kDouble };
 
-// A CTA computes BR query rows of one (batch, head) with BR / 16 warps (16 rows each),
-// walking K/V in tiles of BC keys. Tiles are fp16 [rows][D + 8] in shared memory: the
-// 16-byte row padding puts the 8 row addresses of a matrix load in distinct banks.
-template <int D, int BR, int BC>
+// A CTA computes BR query rows of one (batch, head) with BR / WR warps of WR rows each
+// (WR / 16 m16 slices per warp: with 32 rows, every K/V fragment a warp loads from shared
+// memory feeds two MMAs instead of one), walking K/V in tiles of BC keys. Tiles are fp16
+// [rows][D + 8] in shared memory: the 16-byte row padding puts the 8 row addresses of a
+// matrix load in distinct banks.
+template <int D, int BR, int BC, int WR = 16>
 struct TileShape {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = BR;
   static constexpr int kBlockN = BC;
-  static constexpr int kWarps = BR / 16;
+  static constexpr int kWarpRows = WR;
+  static constexpr int kSlices = WR / 16;  // m16 slices per warp
+  static constexpr int kWarps = BR / WR;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kStride = D + 8;  // fp16 tile row stride (halves)
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
@@ -37,6 +44,7 @@ struct TileShape {
   static constexpr int kTileLoads = BC * kChunks / kThreads;  // uint4 per thread, K/V tile
   static_assert(D % 16 == 0 && D <= 256, "head dim: a multiple of 16, at most 256");
   static_assert(BR % 16 == 0 && BC % 16 == 0, "tiles: multiples of 16");
+  static_assert((WR == 16 || WR == 32) && BR % WR == 0, "warp rows: 16 or 32, dividing BR");
   static_assert(BR * kChunks % kThreads == 0 && BC * kChunks % kThreads == 0,
                 "tile loads must split evenly over the threads");
 };

@@ -42,13 +42,14 @@ __device__ __forceinline__ void out_offsets(const FwdParams& p, int b, int h, in
   lse_off += (int64_t)h * p.lse_head_stride;
 }
 
-// The 16 rows of warp `warp`, staged fp16 [16][C::kStride] at sO, to the output rows
-// m0 + 16 warp + 0..15 of the `rows` rows; row_offset(grow) is the element offset of row
+// The 16 rows of m16 slice `slice` of the CTA (warp * kSlices + the warp's slice),
+// staged fp16 [16][C::kStride] at sO, to the output rows m0 + 16 slice + 0..15 of the
+// `rows` rows; row_offset(grow) is the element offset of row
 // grow in p.o (the serving kernels' packed GQA rows; store_o_rows: o_off + grow * stride).
 // 128-bit stores; rows past `rows` and chunks past the real head dim are skipped.
 template <class C, class RowOffset>
 __device__ __forceinline__ void store_o_rows_at(const FwdParams& p, const RowOffset& row_offset,
-                                                const __half* sO, int m0, int warp, int rows,
+                                                const __half* sO, int m0, int slice, int rows,
                                                 int lane) {
   // Read up front: a load inside the && below is conditional and made the second test a
   // branch of its own (4 more BRA at d=96).
@@ -58,7 +59,7 @@ __device__ __forceinline__ void store_o_rows_at(const FwdParams& p, const RowOff
   for (int i = 0; i < 16 * C::kChunks / 32; ++i) {
     const int idx = lane + i * 32;
     const int r = idx / C::kChunks, c = idx % C::kChunks;
-    const int grow = m0 + warp * 16 + r;
+    const int grow = m0 + slice * 16 + r;
     if (grow < rows && c * 8 < head_dim)
       *reinterpret_cast<uint4*>(o + row_offset(grow) + c * 8) =
           *reinterpret_cast<const uint4*>(sO + r * C::kStride + c * 8);
@@ -73,8 +74,8 @@ struct OffsetRows {
 
 template <class C>
 __device__ __forceinline__ void store_o_rows(const FwdParams& p, int64_t o_off, const __half* sO,
-                                             int m0, int warp, int sq, int lane) {
-  store_o_rows_at<C>(p, OffsetRows{o_off, p.o_row_stride}, sO, m0, warp, sq, lane);
+                                             int m0, int slice, int sq, int lane) {
+  store_o_rows_at<C>(p, OffsetRows{o_off, p.o_row_stride}, sO, m0, slice, sq, lane);
 }
 
 }  // namespace detail

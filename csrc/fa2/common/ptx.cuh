@@ -20,6 +20,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// tanh for the softcap. sm_75 has tanh.approx.f32 (what flash-attn's softcap uses on
+// sm80); Volta has no such instruction, so there 1 - 2 / (2^(2x log2 e) + 1) with ex2 and
+// a fast divide: a few instructions instead of tanhf's long polynomial, and exact limits
+// (+-1) at large |x|.
+__device__ __forceinline__ float fast_tanh(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return 1.f - __fdividef(2.f, fast_exp2(x * 2.8853900817779268f) + 1.f);
+#endif
+}
+
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);

@@ -36,7 +36,7 @@ __device__ __forceinline__ void softcap_scores(float (&s)[N][4], const FwdParams
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][e] = p.softcap * tanhf(s[i][e] * cap_in);
+      for (int e = 0; e < 4; ++e) s[i][e] = p.softcap * fast_tanh(s[i][e] * cap_in);
   }
 }
 

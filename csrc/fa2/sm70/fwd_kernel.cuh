@@ -46,9 +46,9 @@ namespace sm7x {
 namespace fa2 {
 namespace sm70 {
 
-template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS>
-struct FwdConfig : TileShape<D, BR, BC> {
-  using Shape = TileShape<D, BR, BC>;
+template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS, int WR = 16>
+struct FwdConfig : TileShape<D, BR, BC, WR> {
+  using Shape = TileShape<D, BR, BC, WR>;
   static constexpr bool kPrefetch = PREFETCH == KvPrefetch::kBoth;
   static constexpr int kSStride = BC + 8;  // fp32 S scratch row stride (floats)
   static constexpr int kOStride = D + 8;   // fp32 PV scratch row stride (floats)
@@ -60,6 +60,7 @@ struct FwdConfig : TileShape<D, BR, BC> {
   static_assert(PREFETCH == KvPrefetch::kBoth || PREFETCH == KvPrefetch::kNone,
                 "sm70 kernel: prefetch kBoth or kNone");
   static_assert(!Q_IN_REGS, "sm70 kernel: WMMA reads Q from shared memory (no q_in_regs)");
+  static_assert(WR == 16, "sm70 kernel: 16 rows per warp (no warp_rows)");
   static_assert(kTileBytes % 32 == 0 && (kScratchFloats * 4) % 32 == 0 &&
                     (16 * kPStride * 2) % 32 == 0,
                 "WMMA pointers must stay 32-byte aligned");

@@ -1,8 +1,9 @@
 // FlashAttention-2 forward kernel for Turing (sm_75). Included only by the generated
 // per-head-dim instantiation files (csrc/fa2/fwd_instance.cu.in); no torch header.
 //
-// One CTA computes BR query rows of one (batch, head): BR / 16 warps, each owning 16
-// rows (one m16 slice). Per key tile of BC keys:
+// One CTA computes BR query rows of one (batch, head): BR / WR warps, each owning WR = 16
+// or 32 rows (one or two m16 slices; with two, each K and V fragment loaded from shared
+// memory feeds both slices' MMAs). Per key tile of BC keys:
 //   S = Q K^T       mma.sync m16n8k8 (fp16 in, fp32 accumulate), A from Q and B from K
 //                   via ldmatrix (K rows are the B "col" layout as stored)
 //   online softmax  fp32 (common/softmax.cuh); a quad of lanes holds a pair of rows
@@ -12,9 +13,9 @@
 //                   ldmatrix.trans.
 // Turing has no cp.async: the next tiles are fetched with 128-bit global loads into
 // registers, issued before the GEMMs of the current tile, and stored to shared memory
-// after them (KvPrefetch::kBoth or kStaged, common/config.cuh).
-// Shared memory: Q [BR][D+8], K [BC][D+8], V [BC][D+8] fp16 (with Q_IN_REGS, K and V
-// reuse the Q tile's space).
+// after them (KvPrefetch::kBoth, kStaged or kDouble, common/config.cuh).
+// Shared memory: Q [BR][D+8], then K [BC][D+8], V [BC][D+8] fp16, twice with kDouble
+// (with Q_IN_REGS, K and V reuse the Q tile's space).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -37,35 +38,37 @@ namespace sm7x {
 namespace fa2 {
 namespace sm75 {
 
-// Q_IN_REGS: each warp keeps its Q fragments (D / 16 x 4 registers) for the whole key
-// loop instead of re-reading them from shared memory per tile; the Q tile is then only
-// staged in shared memory, which the K/V tiles reuse (smem = max(Q, K + V) tiles).
-template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS>
-struct FwdConfig : TileShape<D, BR, BC> {
-  using Shape = TileShape<D, BR, BC>;
+// Q_IN_REGS: each warp keeps its Q fragments (WR / 16 x D / 16 x 4 registers) for the
+// whole key loop instead of re-reading them from shared memory per tile; the Q tile is
+// then only staged in shared memory, which the K/V tiles reuse (smem = max(Q, K/V tiles)).
+template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS, int WR = 16>
+struct FwdConfig : TileShape<D, BR, BC, WR> {
+  using Shape = TileShape<D, BR, BC, WR>;
   static constexpr KvPrefetch kPrefetch = PREFETCH;
   static constexpr bool kQInRegs = Q_IN_REGS;
-  static constexpr bool kPrefetchBoth = PREFETCH == KvPrefetch::kBoth;
+  // K/V of the next tile held in registers across the whole iteration
+  static constexpr bool kPrefetchBoth = PREFETCH == KvPrefetch::kBoth || PREFETCH == KvPrefetch::kDouble;
+  static constexpr bool kDouble = PREFETCH == KvPrefetch::kDouble;
+  static constexpr int kKvRows = (kDouble ? 4 : 2) * BC;  // K and V tiles, x2 with kDouble
   static constexpr int kSmemBytes =
-      (Q_IN_REGS ? (BR > 2 * BC ? BR : 2 * BC) : BR + 2 * BC) * Shape::kStride * 2;
-  static_assert(PREFETCH == KvPrefetch::kBoth || PREFETCH == KvPrefetch::kStaged,
-                "sm75 kernel: prefetch kBoth or kStaged");
+      (Q_IN_REGS ? (BR > kKvRows ? BR : kKvRows) : BR + kKvRows) * Shape::kStride * 2;
+  static_assert(PREFETCH != KvPrefetch::kNone, "sm75 kernel: prefetch kBoth, kStaged or kDouble");
 };
 
 // SERVING: the serving instantiation (fa2.h "Serving", common/serving.cuh): grid (m-block,
 // kv head, partition), the rows are a GQA group's packed query rows, keys come from a
-// (paged) cache and a split sequence writes fp32 partials. Warps whose 16 rows are all past
+// (paged) cache and a split sequence writes fp32 partials. Warps whose rows are all past
 // the sequence's rows skip the GEMMs (decode: one token x group rows) but still load tiles.
 template <class C, bool SERVING>
 __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   using namespace detail;
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
-  constexpr int NT = BC / 8;  // n8 tiles of S per warp
-  constexpr int DT = D / 8;   // n8 tiles of O per warp
+  constexpr int MS = C::kSlices, WR = C::kWarpRows;
+  constexpr int NT = BC / 8;  // n8 tiles of S per slice
+  constexpr int DT = D / 8;   // n8 tiles of O per slice
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* sQ = reinterpret_cast<__half*>(smem_raw);
-  __half* sK = C::kQInRegs ? sQ : sQ + BR * ST;  // kQInRegs: K/V reuse the Q staging
-  __half* sV = sK + BC * ST;
+  __half* const sK0 = C::kQInRegs ? sQ : sQ + BR * ST;  // kQInRegs: K/V reuse the Q staging
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tig = lane & 3;
@@ -80,7 +83,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   const int first_row = cw.first_row, last_row = cw.last_row;
   [[maybe_unused]] const ServingWork& w = cw.w;
   const SoftmaxScale sc = softmax_scale(p);
-  const bool warp_on = !SERVING || m0 + warp * 16 < sq;
+  const bool warp_on = !SERVING || m0 + warp * WR < sq;
   // K / V tile n0 -> registers; serving: the pages of the next tile's rows are fetched
   // into pg one tile ahead (fetch(n0) right after the loads of the tile before).
   [[maybe_unused]] int pg[SERVING ? C::kTileLoads : 1];
@@ -100,42 +103,55 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     load_q<C, SERVING>(qr, p, cw, m0, tid);
     store_tile<C>(sQ, qr, tid);
   }
+  // Slice ms of this warp: rows warp * WR + ms * 16 .. + 15 of the tile.
   const __half* q_frag_base =
-      sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
-  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
+      sQ + (warp * WR + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+  uint32_t qa[C::kQInRegs ? MS : 1][C::kQInRegs ? D / 16 : 1][4];
   if constexpr (C::kQInRegs) {
     __syncthreads();  // Q tile stored
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[kk], q_frag_base + kk * 16);
+    for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[ms][kk], q_frag_base + ms * 16 * ST + kk * 16);
     __syncthreads();  // every warp holds its Q fragments: sQ is free for K and V
   }
 
-  float o[DT][4];
+  float o[MS][DT][4];
 #pragma unroll
-  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
-  const int r0 = m0 + warp * 16 + g;  // rows of this thread: r0 and r0 + 8
-  // The query positions of those rows for the masks (serving: their tokens).
-  const int mr0 = SERVING ? r0 / p.group : r0, mr1 = SERVING ? (r0 + 8) / p.group : r0 + 8;
+  for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o[ms][i][0] = o[ms][i][1] = o[ms][i][2] = o[ms][i][3] = 0.f;
+  float row_max[MS][2], row_sum[MS][2];
+#pragma unroll
+  for (int ms = 0; ms < MS; ++ms) {
+    row_max[ms][0] = row_max[ms][1] = -INFINITY;
+    row_sum[ms][0] = row_sum[ms][1] = 0.f;
+  }
+  // rows of this thread in slice ms: r0 + 16 ms and r0 + 16 ms + 8
+  const int r0 = m0 + warp * WR + g;
+  // The query position of row r for the masks (serving: its token).
+  auto mask_row = [&](int r) { return SERVING ? r / p.group : r; };
 
   uint4 stage[C::kTileLoads];
   uint4 stage_v[C::kPrefetchBoth ? C::kTileLoads : 1];
   if (t_lo < t_hi) {
     fetch(t_lo * BC);
     load_k(stage, t_lo * BC);
-    store_tile<C>(sK, stage, tid);
+    store_tile<C>(sK0, stage, tid);
     load_v(stage, t_lo * BC);
     fetch((t_lo + 1) * BC);
-    store_tile<C>(sV, stage, tid);
+    store_tile<C>(sK0 + BC * ST, stage, tid);
   }
   __syncthreads();
 
-  const __half* k_frag_base = sK + ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
-  const __half* v_frag_base = sV + ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+  const int k_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
+  const int v_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
 
   for (int t = t_lo; t < t_hi; ++t) {
     const int n0 = t * BC;
+    // kDouble: tile t lives in buffer (t - t_lo) & 1
+    __half* const sK = C::kDouble && ((t - t_lo) & 1) ? sK0 + 2 * BC * ST : sK0;
+    __half* const sV = sK + BC * ST;
     if constexpr (C::kPrefetchBoth) {
       if (t + 1 < t_hi) {  // K_{t+1}, V_{t+1} in flight during this whole iteration
         load_k(stage, n0 + BC);
@@ -146,81 +162,99 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       if (t + 1 < t_hi)  // K_{t+1} in flight during S = Q K_t^T and the softmax
         load_k(stage, n0 + BC);
     }
-    uint32_t pa[NT][2];  // P as fp16 A fragments: tile i covers keys n0 + 8i .. 8i + 7.
+    uint32_t pa[MS][NT][2];  // P as fp16 A fragments: tile i covers keys n0 + 8i .. 8i + 7.
     if (warp_on) {
-    // ---- S = Q K^T
-    float s[NT][4];
+    // ---- S = Q K^T: each K fragment feeds the MS slices
+    float s[MS][NT][4];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+      for (int i = 0; i < NT; ++i) s[ms][i][0] = s[ms][i][1] = s[ms][i][2] = s[ms][i][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      if constexpr (C::kQInRegs) {
-        a[0] = qa[kk][0];
-        a[1] = qa[kk][1];
-        a[2] = qa[kk][2];
-        a[3] = qa[kk][3];
-      } else {
-        ldmatrix_x4(a, q_frag_base + kk * 16);
+      uint32_t a[MS][4];
+#pragma unroll
+      for (int ms = 0; ms < MS; ++ms) {
+        if constexpr (C::kQInRegs) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[ms][j] = qa[ms][kk][j];
+        } else {
+          ldmatrix_x4(a[ms], q_frag_base + ms * 16 * ST + kk * 16);
+        }
       }
 #pragma unroll
       for (int nn = 0; nn < BC / 16; ++nn) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, k_frag_base + nn * 16 * ST + kk * 16);
-        mma_m16n8k8(s[2 * nn], a[0], a[1], bk[0]);
-        mma_m16n8k8(s[2 * nn], a[2], a[3], bk[1]);
-        mma_m16n8k8(s[2 * nn + 1], a[0], a[1], bk[2]);
-        mma_m16n8k8(s[2 * nn + 1], a[2], a[3], bk[3]);
+        ldmatrix_x4(bk, sK + k_frag + nn * 16 * ST + kk * 16);
+#pragma unroll
+        for (int ms = 0; ms < MS; ++ms) {
+          mma_m16n8k8(s[ms][2 * nn], a[ms][0], a[ms][1], bk[0]);
+          mma_m16n8k8(s[ms][2 * nn], a[ms][2], a[ms][3], bk[1]);
+          mma_m16n8k8(s[ms][2 * nn + 1], a[ms][0], a[ms][1], bk[2]);
+          mma_m16n8k8(s[ms][2 * nn + 1], a[ms][2], a[ms][3], bk[3]);
+        }
       }
     }
     // ---- softcap, masking, online softmax (fp32)
-    softcap_scores(s, p, sc.cap_in);
-    if (SM7X_FA2_TILE_NEEDS_MASK(p, BC, n0, first_row, last_row, sk, off) ||
-        (SERVING && n0 < w.kv_lo)) {
-      const int left = p.window_left, right = p.window_right;
+    bool rescale = false;
 #pragma unroll
-      for (int i = 0; i < NT; ++i)
+    for (int ms = 0; ms < MS; ++ms) {
+      softcap_scores(s[ms], p, sc.cap_in);
+      if (SM7X_FA2_TILE_NEEDS_MASK(p, BC, n0, first_row, last_row, sk, off) ||
+          (SERVING && n0 < w.kv_lo)) {
+        const int left = p.window_left, right = p.window_right;
+        const int mr0 = mask_row(r0 + ms * 16), mr1 = mask_row(r0 + ms * 16 + 8);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {  // element e of n8 tile i: row + (e >> 1) * 8, key + (e & 1)
-          const int col = n0 + i * 8 + tig * 2 + (e & 1);
-          if (!key_visible(col, (e >> 1) ? mr1 : mr0, sk, off, left, right) ||
-              (SERVING && col < w.kv_lo))
-            s[i][e] = -INFINITY;
-        }
+        for (int i = 0; i < NT; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {  // element e of n8 tile i: row + (e >> 1) * 8, key + (e & 1)
+            const int col = n0 + i * 8 + tig * 2 + (e & 1);
+            if (!key_visible(col, (e >> 1) ? mr1 : mr0, sk, off, left, right) ||
+                (SERVING && col < w.kv_lo))
+              s[ms][i][e] = -INFINITY;
+          }
+      }
     }
-    float alpha[2];
+    float alpha[MS][2];
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {  // rows r0 (hr = 0) and r0 + 8 (hr = 1)
-      float mx = row_max[hr];
+    for (int ms = 0; ms < MS; ++ms)
 #pragma unroll
-      for (int i = 0; i < NT; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * hr], s[i][2 * hr + 1]));
+    for (int hr = 0; hr < 2; ++hr) {  // rows r0 (hr = 0) and r0 + 8 (hr = 1) of the slice
+      float mx = row_max[ms][hr];
+#pragma unroll
+      for (int i = 0; i < NT; ++i) mx = fmaxf(mx, fmaxf(s[ms][i][2 * hr], s[ms][i][2 * hr + 1]));
       mx = row_allreduce_max<4>(mx);
       float bias;
-      alpha[hr] = online_rescale(row_max[hr], mx, sc.sl2, bias);
+      alpha[ms][hr] = online_rescale(row_max[ms][hr], mx, sc.sl2, bias);
+      rescale |= alpha[ms][hr] != 1.f;
       float sum = 0.f;
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
-        s[i][2 * hr] = exp2_scaled(s[i][2 * hr], sc.sl2, bias);
-        s[i][2 * hr + 1] = exp2_scaled(s[i][2 * hr + 1], sc.sl2, bias);
-        sum += s[i][2 * hr] + s[i][2 * hr + 1];
+        s[ms][i][2 * hr] = exp2_scaled(s[ms][i][2 * hr], sc.sl2, bias);
+        s[ms][i][2 * hr + 1] = exp2_scaled(s[ms][i][2 * hr + 1], sc.sl2, bias);
+        sum += s[ms][i][2 * hr] + s[ms][i][2 * hr + 1];
       }
-      row_sum[hr] = row_sum[hr] * alpha[hr] + sum;  // per-thread partial, reduced at the end
+      row_sum[ms][hr] = row_sum[ms][hr] * alpha[ms][hr] + sum;  // per-thread partial, reduced at the end
     }
     // O *= alpha only when some row of the warp saw a new max (alpha != 1): once the
     // maxima settle most tiles skip the D / 2 multiplies (same result: x * 1 == x).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int ms = 0; ms < MS; ++ms)
 #pragma unroll
       for (int i = 0; i < DT; ++i) {
-        o[i][0] *= alpha[0];
-        o[i][1] *= alpha[0];
-        o[i][2] *= alpha[1];
-        o[i][3] *= alpha[1];
+        o[ms][i][0] *= alpha[ms][0];
+        o[ms][i][1] *= alpha[ms][0];
+        o[ms][i][2] *= alpha[ms][1];
+        o[ms][i][3] *= alpha[ms][1];
       }
     }
 #pragma unroll
+    for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
     for (int i = 0; i < NT; ++i) {
-      pa[i][0] = pack_half2(s[i][0], s[i][1]);
-      pa[i][1] = pack_half2(s[i][2], s[i][3]);
+      pa[ms][i][0] = pack_half2(s[ms][i][0], s[ms][i][1]);
+      pa[ms][i][1] = pack_half2(s[ms][i][2], s[ms][i][3]);
     }
     }  // warp_on
     if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
@@ -231,18 +265,21 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         fetch(n0 + 2 * BC);
       }
     }
-    // ---- O += P V (K_{t+1} or V_{t+1} loads in flight)
+    // ---- O += P V (K_{t+1} or V_{t+1} loads in flight): each V fragment feeds the MS slices
     if (warp_on) {
 #pragma unroll
     for (int kt = 0; kt < BC / 16; ++kt) {
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_frag_base + kt * 16 * ST + dn * 16);
-        mma_m16n8k8(o[2 * dn], pa[2 * kt][0], pa[2 * kt][1], bv[0]);
-        mma_m16n8k8(o[2 * dn], pa[2 * kt + 1][0], pa[2 * kt + 1][1], bv[1]);
-        mma_m16n8k8(o[2 * dn + 1], pa[2 * kt][0], pa[2 * kt][1], bv[2]);
-        mma_m16n8k8(o[2 * dn + 1], pa[2 * kt + 1][0], pa[2 * kt + 1][1], bv[3]);
+        ldmatrix_x4_trans(bv, sV + v_frag + kt * 16 * ST + dn * 16);
+#pragma unroll
+        for (int ms = 0; ms < MS; ++ms) {
+          mma_m16n8k8(o[ms][2 * dn], pa[ms][2 * kt][0], pa[ms][2 * kt][1], bv[0]);
+          mma_m16n8k8(o[ms][2 * dn], pa[ms][2 * kt + 1][0], pa[ms][2 * kt + 1][1], bv[1]);
+          mma_m16n8k8(o[ms][2 * dn + 1], pa[ms][2 * kt][0], pa[ms][2 * kt][1], bv[2]);
+          mma_m16n8k8(o[ms][2 * dn + 1], pa[ms][2 * kt + 1][0], pa[ms][2 * kt + 1][1], bv[3]);
+        }
       }
     }
     }  // warp_on
@@ -250,6 +287,12 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
         __syncthreads();  // every warp is done with sV (V_t)
         store_tile<C>(sV, stage, tid);  // V_{t+1}: read after the next iteration's first barrier
+      } else if constexpr (C::kDouble) {
+        // the other buffer: every warp left it (tile t - 1) before the last barrier
+        __half* const nK = sK == sK0 ? sK0 + 2 * BC * ST : sK0;
+        store_tile<C>(nK, stage, tid);
+        store_tile<C>(nK + BC * ST, stage_v, tid);
+        __syncthreads();  // K_{t+1}, V_{t+1} stored
       } else {
         __syncthreads();  // every warp is done with sK and sV
         store_tile<C>(sK, stage, tid);
@@ -262,74 +305,86 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   // ---- epilogue: O / l, LSE; O staged through this warp's own rows of sQ
   [[maybe_unused]] int64_t o_off, lse_off;
   if constexpr (SERVING) {
-    float l[2];
+    float l[MS][2];
+#pragma unroll
+    for (int ms = 0; ms < MS; ++ms)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      l[hr] = row_allreduce_sum<4>(row_sum[hr]);
-      const float inv = inv_row_sum(l[hr]);
+      l[ms][hr] = row_allreduce_sum<4>(row_sum[ms][hr]);
+      const float inv = inv_row_sum(l[ms][hr]);
 #pragma unroll
       for (int i = 0; i < DT; ++i) {
-        o[i][2 * hr] *= inv;
-        o[i][2 * hr + 1] *= inv;
+        o[ms][i][2 * hr] *= inv;
+        o[ms][i][2 * hr + 1] *= inv;
       }
     }
     if (w.split) {  // fp32 partials straight from the registers, for run_combine
 #pragma unroll
+      for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int row = r0 + hr * 8;
+        const int row = r0 + ms * 16 + hr * 8;
         if (row >= sq) continue;
         const int64_t a = accum_row(p, b, h, row);
-        if (tig == 0) p.lse_accum[a] = partial_lse(p, l[hr], row_max[hr]);
+        if (tig == 0) p.lse_accum[a] = partial_lse(p, l[ms][hr], row_max[ms][hr]);
 #pragma unroll
         for (int i = 0; i < DT; ++i) {
           const int col = i * 8 + tig * 2;
           if (col < p.head_dim)
             *reinterpret_cast<float2*>(p.o_accum + a * p.head_dim + col) =
-                make_float2(o[i][2 * hr], o[i][2 * hr + 1]);
+                make_float2(o[ms][i][2 * hr], o[ms][i][2 * hr + 1]);
         }
       }
       return;
     }
     serving_out_offsets(p, w, 0, h * p.group, o_off, lse_off);
 #pragma unroll
+    for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int row = r0 + hr * 8;
+      const int row = r0 + ms * 16 + hr * 8;
       if (tig == 0 && row < sq)
         p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
-            row_lse(p, l[hr], row_max[hr]);
+            row_lse(p, l[ms][hr], row_max[ms][hr]);
     }
   } else {
     out_offsets(p, b, h, o_off, lse_off);
 #pragma unroll
+    for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const float l = row_allreduce_sum<4>(row_sum[hr]);
+      const float l = row_allreduce_sum<4>(row_sum[ms][hr]);
       const float inv = inv_row_sum(l);
 #pragma unroll
       for (int i = 0; i < DT; ++i) {
-        o[i][2 * hr] *= inv;
-        o[i][2 * hr + 1] *= inv;
+        o[ms][i][2 * hr] *= inv;
+        o[ms][i][2 * hr + 1] *= inv;
       }
-      const int row = r0 + hr * 8;
-      if (tig == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max[hr]);
+      const int row = r0 + ms * 16 + hr * 8;
+      if (tig == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max[ms][hr]);
     }
   }
   if constexpr (C::kQInRegs)
     __syncthreads();  // sO overlaps sK / sV, which other warps may still read
   else
     __syncwarp();
-  __half* sO = sQ + warp * 16 * ST;
 #pragma unroll
-  for (int i = 0; i < DT; ++i) {
-    *reinterpret_cast<uint32_t*>(sO + g * ST + i * 8 + tig * 2) = pack_half2(o[i][0], o[i][1]);
-    *reinterpret_cast<uint32_t*>(sO + (g + 8) * ST + i * 8 + tig * 2) =
-        pack_half2(o[i][2], o[i][3]);
+  for (int ms = 0; ms < MS; ++ms) {
+    const int slice = warp * MS + ms;
+    __half* sO = sQ + slice * 16 * ST;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      *reinterpret_cast<uint32_t*>(sO + g * ST + i * 8 + tig * 2) = pack_half2(o[ms][i][0], o[ms][i][1]);
+      *reinterpret_cast<uint32_t*>(sO + (g + 8) * ST + i * 8 + tig * 2) =
+          pack_half2(o[ms][i][2], o[ms][i][3]);
+    }
+    __syncwarp();
+    if constexpr (SERVING)
+      store_o_rows_at<C>(p, OutRows{o_off, p.group, p.o_row_stride, p.o_head_stride}, sO, m0,
+                         slice, sq, lane);
+    else
+      store_o_rows<C>(p, o_off, sO, m0, slice, sq, lane);
   }
-  __syncwarp();
-  if constexpr (SERVING)
-    store_o_rows_at<C>(p, OutRows{o_off, p.group, p.o_row_stride, p.o_head_stride}, sO, m0, warp,
-                       sq, lane);
-  else
-    store_o_rows<C>(p, o_off, sO, m0, warp, sq, lane);
 }
 
 }  // namespace sm75

@@ -4,11 +4,19 @@
 
 The memory-efficient backend is the only fused SDPA backend that runs on Volta/Turing,
 so it is the baseline a user of these GPUs has. fp16, ``--tokens`` tokens per batch
-(batch = tokens // seqlen), every seqlen x head dim x causal; TFLOP/s counts
-4 * b * h * sq * sk * d, halved for causal. On a GPU other than the arch's own the
-library is forced (``SM7X_FA2_FORCE``) and runs its PTX: only correctness and relative
-speed of the sm75 family mean something there (sm70's mma.m8n8k4 is emulated on
-newer GPUs, so no Volta speed can be read off them).
+(batch = tokens // seqlen), every seqlen x case x causal; TFLOP/s counts
+4 * b * h * sq * sk * d, halved for causal. The cases are the head dims (query heads =
+kv heads = 2048 / d) and one GQA case (32 query heads sharing 8 kv heads at d 128: SDPA
+gets K/V expanded to 32 heads beforehand, outside its timing, as a model would pass them).
+
+"% ceiling" is sm7x's TFLOP/s over the tensor-core ceiling of the library's own MMA
+instruction (sm_75 mma.m16n8k8, sm_70 mma.m8n8k4), measured in the same run by a
+register-only loop in the library (its mma_peak op), not taken from a datasheet.
+
+On a V100 or T4 the library of the card runs its own SASS. On a GPU other than the arch's
+own the library is forced (``SM7X_FA2_FORCE``) and runs its PTX, JIT-compiled for that
+GPU: only correctness and the relative speed of the sm75 family mean something there
+(sm70's mma.m8n8k4 is emulated on newer GPUs, so no Volta speed can be read off them).
 """
 
 from __future__ import annotations
@@ -22,63 +30,146 @@ from . import _output
 from .core import _time
 
 DEFAULT_SEQLENS = (512, 2048, 8192)
-DEFAULT_HEAD_DIMS = (64, 128, 256)
+DEFAULT_HEAD_DIMS = (64, 80, 96, 128, 256)
+DEFAULT_GQA = ((128, 32, 8),)  # (head dim, query heads, kv heads)
+CEILING_BLOCKS_PER_SM = 8
+CEILING_ITERS = 4096
+
+
+def cases(head_dims, gqa=DEFAULT_GQA, head_elems: int = 2048) -> list[tuple[int, int, int]]:
+    """(head dim, query heads, kv heads) per benchmarked case: MHA with heads * d =
+    head_elems, then the GQA cases."""
+    out = [(d, max(1, head_elems // d), max(1, head_elems // d)) for d in head_dims]
+    return out + [c for c in gqa if c not in out]
+
+
+def parse_gqa(text: str) -> tuple[tuple[int, int, int], ...]:
+    """"128:32/8,64:16/2" -> ((128, 32, 8), (64, 16, 2)); heads a multiple of kv heads."""
+    out = []
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        try:
+            d, heads = part.split(":")
+            h, hk = heads.split("/")
+            case = (int(d), int(h), int(hk))
+        except ValueError:
+            raise ValueError(f"--gqa: {part!r} is not d:heads/kv_heads (e.g. 128:32/8)") from None
+        if min(case) < 1 or case[1] % case[2]:
+            raise ValueError(f"--gqa: {part!r}: sizes must be positive and heads a multiple of kv_heads")
+        out.append(case)
+    return tuple(out)
+
+
+def library_arch(device: int) -> str:
+    """The FA2 library (sm70 / sm75) that sm7x runs on ``device``, as the API picks it."""
+    from .. import _select
+    from ..fa2 import _device_info
+
+    return _select.select_fa2_library(_device_info(torch.device("cuda", device))).arch
+
+
+def ceiling_tflops(arch: str, device: int, iters: int = 5, repeats: int = 10) -> float | None:
+    """TFLOP/s of the library's mma_peak loop on ``device`` (median of ``repeats``); None
+    for a library built before it had the op (comparing an older build)."""
+    from ..fa2 import _ops_for
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    out = torch.empty(sms * CEILING_BLOCKS_PER_SM * 256, dtype=torch.float32, device=f"cuda:{device}")
+    ops = _ops_for(out)
+    if not hasattr(ops, "mma_peak"):
+        return None
+    flop = int(ops.mma_peak(out, CEILING_ITERS))
+    return flop / _time(lambda: ops.mma_peak(out, CEILING_ITERS), iters, repeats, graph=False) / 1e12
+
+
+def gpu_note(capability: tuple[int, int], arch: str, forced: str | None) -> str | None:
+    """The first line's warning when what runs is not the card's own SASS."""
+    if capability >= (8, 0):
+        return (f"NOTE: this GPU (capability {capability[0]}.{capability[1]}) is newer than Turing: "
+                f"it runs the {arch} library's PTX, JIT-compiled (forced with SM7X_FA2_FORCE={forced}); "
+                "these are not V100/T4 numbers" + (" (and Volta's mma.m8n8k4 is emulated here: "
+                                                   "no sm70 speed can be read)" if arch == "sm70" else ""))
+    return None
 
 
 def run(seqlens=DEFAULT_SEQLENS, head_dims=DEFAULT_HEAD_DIMS, tokens: int = 16384,
-        head_elems: int = 2048, iters: int = 5, repeats: int = 10) -> dict:
-    """head_elems: heads * head_dim (2048: 32 heads at d64, 16 at d128, 8 at d256)."""
+        head_elems: int = 2048, iters: int = 5, repeats: int = 10, gqa=DEFAULT_GQA) -> dict:
+    """head_elems: heads * head_dim of the MHA cases (2048: 32 heads at d64, 16 at d128)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..fa2 import flash_attn_func
 
     dev = torch.cuda.current_device()
+    arch = library_arch(dev)
+    ceiling = ceiling_tflops(arch, dev, iters, repeats)
     rows = []
-    for d in head_dims:
-        h = max(1, head_elems // d)
+    for d, h, hk in cases(head_dims, gqa, head_elems):
         for s in seqlens:
             b = max(1, tokens // s)
-            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
+            q = torch.randn(b, s, h, d, device="cuda", dtype=torch.float16)
+            k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16) for _ in range(2))
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            if hk != h:  # what SDPA's memory-efficient backend needs: K/V per query head
+                kt, vt = (t.repeat_interleave(h // hk, dim=1) for t in (kt, vt))
             for causal in (False, True):
                 flops = 4 * b * h * s * s * d / (2 if causal else 1)
                 ours = _time(lambda: flash_attn_func(q, k, v, causal=causal), iters, repeats, graph=False)
                 with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
                     ref = _time(lambda: torch.nn.functional.scaled_dot_product_attention(
                         qt, kt, vt, is_causal=causal), iters, repeats, graph=False)
-                rows.append({"head_dim": d, "heads": h, "seqlen": s, "batch": b, "causal": causal,
-                             "sm7x_tflops": flops / ours / 1e12, "sdpa_eff_tflops": flops / ref / 1e12,
-                             "ratio": ref / ours})
-    return {"device": torch.cuda.get_device_name(dev),
-            "capability": list(torch.cuda.get_device_capability(dev)),
-            "torch": torch.__version__, "forced": os.environ.get("SM7X_FA2_FORCE"),
+                rows.append({"head_dim": d, "heads": h, "kv_heads": hk, "seqlen": s, "batch": b,
+                             "causal": causal, "sm7x_tflops": flops / ours / 1e12,
+                             "sdpa_eff_tflops": flops / ref / 1e12, "ratio": ref / ours,
+                             "pct_ceiling": 100 * flops / ours / 1e12 / ceiling if ceiling else None})
+            del q, k, v, qt, kt, vt
+    cap = tuple(torch.cuda.get_device_capability(dev))
+    forced = os.environ.get("SM7X_FA2_FORCE")
+    return {"device": torch.cuda.get_device_name(dev), "capability": list(cap),
+            "torch": torch.__version__, "forced": forced, "library": arch,
+            "note": gpu_note(cap, arch, forced), "mma_ceiling_tflops": ceiling,
             "tokens": tokens, "results": rows}
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f}%"
+
+
 def print_table(result: dict) -> None:
+    if result.get("note"):
+        print(result["note"])
     print(f"{result['device']} (capability {tuple(result['capability'])}), torch {result['torch']}, "
-          f"forced={result['forced']}")
-    print(f"{'d':>4} {'heads':>5} {'seqlen':>6} {'batch':>5} {'causal':>6} {'sm7x TFLOP/s':>12} "
-          f"{'SDPA-eff TFLOP/s':>16} {'ratio':>6}")
+          f"library {result['library']}, forced={result['forced']}; "
+          + (f"mma ceiling {result['mma_ceiling_tflops']:.0f} TFLOP/s" if result["mma_ceiling_tflops"]
+             else "no mma ceiling (this library has no mma_peak op)"))
+    print(f"{'d':>4} {'heads':>6} {'seqlen':>6} {'batch':>5} {'causal':>6} {'sm7x TFLOP/s':>12} "
+          f"{'% ceiling':>9} {'SDPA-eff TFLOP/s':>16} {'ratio':>6}")
     for r in result["results"]:
-        print(f"{r['head_dim']:>4} {r['heads']:>5} {r['seqlen']:>6} {r['batch']:>5} {str(r['causal']):>6} "
-              f"{r['sm7x_tflops']:>12.1f} {r['sdpa_eff_tflops']:>16.1f} {r['ratio']:>6.2f}")
+        heads = f"{r['heads']}/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else str(r["heads"])
+        print(f"{r['head_dim']:>4} {heads:>6} {r['seqlen']:>6} {r['batch']:>5} {str(r['causal']):>6} "
+              f"{r['sm7x_tflops']:>12.1f} {_pct(r['pct_ceiling']):>9} {r['sdpa_eff_tflops']:>16.1f} "
+              f"{r['ratio']:>6.2f}")
 
 
 def draw(result: dict, plt):
-    """The PNG of the results (see _output.write)."""
-    dims = sorted({r["head_dim"] for r in result["results"]})
-    fig, axes = plt.subplots(1, len(dims), figsize=(5 * len(dims), 4), squeeze=False)
-    for ax, d in zip(axes[0], dims):
-        rs = [r for r in result["results"] if r["head_dim"] == d]
+    """The PNG of the results (see _output.write): one panel per case, the ceiling as a line."""
+    keys = []
+    for r in result["results"]:
+        k = (r["head_dim"], r["heads"], r["kv_heads"])
+        if k not in keys:
+            keys.append(k)
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, (d, h, hk) in zip(axes[0], keys):
+        rs = [r for r in result["results"] if (r["head_dim"], r["heads"], r["kv_heads"]) == (d, h, hk)]
         _output.grouped_bars(ax, [f"{r['seqlen']}{' c' if r['causal'] else ''}" for r in rs],
                      {"sm7x FA2": [r["sm7x_tflops"] for r in rs],
                       "SDPA mem-efficient": [r["sdpa_eff_tflops"] for r in rs]})
-        ax.set_title(f"head dim {d}")
+        if result["mma_ceiling_tflops"]:
+            ax.axhline(result["mma_ceiling_tflops"], color="gray", linestyle="--", label="mma ceiling")
+        ax.set_title(f"head dim {d}" + (f", GQA {h}/{hk}" if h != hk else ""))
         ax.set_xlabel("seqlen (c = causal)")
         ax.set_ylabel("TFLOP/s")
     axes[0][0].legend()
-    fig.suptitle(f"sm7x FA2 forward vs SDPA memory-efficient, {result['device']}, fp16")
+    fig.suptitle(f"sm7x FA2 forward ({result['library']}) vs SDPA memory-efficient, "
+                 f"{result['device']}, fp16")
     return fig
 
 
@@ -91,6 +182,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib)")
     p.add_argument("--seqlens", default=",".join(map(str, DEFAULT_SEQLENS)))
     p.add_argument("--head-dims", default=",".join(map(str, DEFAULT_HEAD_DIMS)))
+    p.add_argument("--gqa", default=",".join(f"{d}:{h}/{hk}" for d, h, hk in DEFAULT_GQA),
+                   help="GQA cases d:heads/kv_heads, comma-separated ('' for none; default %(default)s)")
     p.add_argument("--tokens", type=int, default=16384, help="tokens per batch (default: %(default)s)")
     p.add_argument("--iters", type=int, default=5, help="calls per timed sample")
     p.add_argument("--repeats", type=int, default=10, help="timed samples (median taken)")
@@ -98,8 +191,12 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("sm7x.bench fa2: needs a CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
+    try:
+        gqa = parse_gqa(a.gqa)
+    except ValueError as e:
+        p.error(str(e))
     result = run([int(s) for s in a.seqlens.split(",")], [int(d) for d in a.head_dims.split(",")],
-                 a.tokens, iters=a.iters, repeats=a.repeats)
+                 a.tokens, iters=a.iters, repeats=a.repeats, gqa=gqa)
     print_table(result)
     _output.write(result, a.out, a.plot, draw)
     return 0

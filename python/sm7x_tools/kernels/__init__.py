@@ -39,8 +39,8 @@ TENSOR_FLOP = {"HMMA.884.F32": 512, "HMMA.884.F16": 512, "HMMA.1688.F32": 2048,
 # Bytes per lane of a shared-memory access, by opcode suffix; LDSM moves whole 8x8 fp16
 # matrices (128 bytes each) per warp.
 WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
-# fwd_kernel<FwdConfig<head_dim, block_m, block_n, ...>, SERVING> in a mangled name
-KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)E.*ELb([01])EEEv")
+# fwd_kernel<FwdConfig<head_dim, block_m, block_n, ..., warp_rows>, SERVING> in a mangled name
+KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)E.*ELi(\d+)EEELb([01])EEEv")
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 
 
@@ -108,8 +108,18 @@ def kernel_key(name: str) -> tuple[int, int, int, bool] | None:
     m = KERNEL.search(name)
     if not m:
         return None
-    d, bm, bn, serving = (int(g) for g in m.groups())
+    d, bm, bn, _, serving = (int(g) for g in m.groups())
     return d, bm, bn, bool(serving)
+
+
+def kernel_threads(name: str) -> int:
+    """Block size of an FA2 fwd kernel from its mangled name: block_m / warp_rows warps
+    (the wide serving kernel of a table entry runs 16 rows per warp whatever the entry's
+    warp_rows, so the table's threads do not always apply)."""
+    m = KERNEL.search(name)
+    if not m:
+        raise ValueError(f"not an FA2 fwd kernel: {name}")
+    return int(m.group(2)) // int(m.group(4)) * 32
 
 
 def sass_functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
@@ -198,7 +208,7 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
         if entry is None and serving:  # the wide serving kernels run the prefill tiles
             entry = next(e for e in targets["kernels"][arch]
                          if (e["head_dim"], e["block_m"], e["block_n"]) == (d, bm, bn))
-        threads, smem = entry["threads"], entry["smem_bytes"] + static_smem
+        threads, smem = kernel_threads(name), entry["smem_bytes"] + static_smem
         warps = threads // 32
         body = tile_loop(insns)
         n_tensor, flop_warp = tensor_flop_per_warp(body)
