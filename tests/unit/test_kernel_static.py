@@ -37,6 +37,10 @@ def test_kernel_threads_follow_the_warp_rows_of_the_name():
     assert kernels.kernel_key(wide) == (128, 128, 32, True)
     assert kernels.kernel_threads(wide) == 256
     assert kernels.kernel_key("_ZN4sm7x3fa212run_combineEv") is None
+    # a library built before warp_rows existed: no last argument, 16 rows per warp
+    old = "_ZN4sm7x3fa24sm7510fwd_kernelINS1_9FwdConfigILi128ELi128ELi64ELNS0_10KvPrefetchE1ELb1EEELb0EEEvNS0_9FwdParamsE"
+    assert kernels.kernel_key(old) == (128, 128, 64, False)
+    assert kernels.kernel_threads(old) == 256
 
 
 def test_occupancy_rules():

@@ -40,7 +40,9 @@ TENSOR_FLOP = {"HMMA.884.F32": 512, "HMMA.884.F16": 512, "HMMA.1688.F32": 2048,
 # matrices (128 bytes each) per warp.
 WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 # fwd_kernel<FwdConfig<head_dim, block_m, block_n, ..., warp_rows>, SERVING> in a mangled name
-KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)E.*ELi(\d+)EEELb([01])EEEv")
+# (libraries built before warp_rows have no last FwdConfig argument: 16 rows per warp)
+KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELNS0_10KvPrefetchE\d+ELb[01]"
+                    r"(?:ELi(\d+))?EEELb([01])EEEv")
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 
 
@@ -108,7 +110,7 @@ def kernel_key(name: str) -> tuple[int, int, int, bool] | None:
     m = KERNEL.search(name)
     if not m:
         return None
-    d, bm, bn, _, serving = (int(g) for g in m.groups())
+    d, bm, bn, serving = (int(m.group(i)) for i in (1, 2, 3, 5))
     return d, bm, bn, bool(serving)
 
 
@@ -119,7 +121,7 @@ def kernel_threads(name: str) -> int:
     m = KERNEL.search(name)
     if not m:
         raise ValueError(f"not an FA2 fwd kernel: {name}")
-    return int(m.group(2)) // int(m.group(4)) * 32
+    return int(m.group(2)) // int(m.group(4) or 16) * 32
 
 
 def sass_functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
@@ -206,8 +208,11 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
         entry = next((e for e in table if (e["head_dim"], e["block_m"], e["block_n"])
                       == (d, bm, bn)), None)
         if entry is None and serving:  # the wide serving kernels run the prefill tiles
-            entry = next(e for e in targets["kernels"][arch]
-                         if (e["head_dim"], e["block_m"], e["block_n"]) == (d, bm, bn))
+            entry = next((e for e in targets["kernels"][arch]
+                          if (e["head_dim"], e["block_m"], e["block_n"]) == (d, bm, bn)), None)
+        if entry is None:
+            raise LookupError(f"{lib}: its {arch} d={d} {bm}x{bn} kernel is not in the given "
+                              "targets.json: pass the one the library was built from (--targets)")
         threads, smem = kernel_threads(name), entry["smem_bytes"] + static_smem
         warps = threads // 32
         body = tile_loop(insns)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{lib}: no FA2 fwd kernel found", file=sys.stderr)
                 return 1
             stats += found
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, LookupError) as exc:
         print(f"sm7x_tools.kernels: {exc}", file=sys.stderr)
         return 2
     except subprocess.CalledProcessError as exc:  # not a CUDA library, or a broken one
