@@ -50,6 +50,28 @@ def reference(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0):
     return out, lse
 
 
+def selected_arch() -> tuple[str | None, str]:
+    """(the arch whose library the current device runs, or None; why not): the modules that
+    test whichever library the device selects (forced on GPUs newer than Turing) skip on it."""
+    from sm7x import _select
+
+    forced = os.environ.get(_select.FORCE_ENV, "").strip().lower()
+    if torch.cuda.get_device_capability() >= (8, 0) and forced not in _select.ARCHS:
+        return None, (f"GPU newer than Turing: set {_select.FORCE_ENV}=sm75 or "
+                      f"{_select.FORCE_ENV}=sm70 to test its kernels through their PTX")
+    index = torch.cuda.current_device()
+    device = _select.Device(index, torch.cuda.get_device_name(index),
+                            tuple(torch.cuda.get_device_capability(index)))
+    try:
+        sel = _select.select_fa2_library(device)
+    except (_select.UnsupportedDeviceError, ValueError) as exc:
+        return None, f"sm7x FA2 does not run on this device: {exc}"
+    for arch in (sel.arch, sel.fallback):  # the loader's order
+        if arch is not None and _select.library_path(arch) is not None:
+            return arch, ""
+    return None, f"{sel.library} is not installed (set SM7X_LIBRARY_PATH to a build)"
+
+
 def _compare(tag, out, lse, ref_out, ref_lse, atol=4e-3):
     assert torch.isfinite(out).all(), f"{tag}: non-finite output"
     err = (out.float() - ref_out).abs().max().item() if out.numel() else 0.0

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import re
 
 import pytest
@@ -27,29 +26,9 @@ torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
 if not torch.cuda.is_available():
     pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
 
-from sm7x import _select  # noqa: E402
+from fa2_reference import selected_arch  # noqa: E402
 
-
-def _selected_arch() -> tuple[str | None, str]:
-    """(the arch whose library the current device runs, or None; why not)."""
-    forced = os.environ.get(_select.FORCE_ENV, "").strip().lower()
-    if torch.cuda.get_device_capability() >= (8, 0) and forced not in _select.ARCHS:
-        return None, (f"GPU newer than Turing: set {_select.FORCE_ENV}=sm75 or "
-                      f"{_select.FORCE_ENV}=sm70 to test the serving kernels through their PTX")
-    index = torch.cuda.current_device()
-    device = _select.Device(index, torch.cuda.get_device_name(index),
-                            tuple(torch.cuda.get_device_capability(index)))
-    try:
-        sel = _select.select_fa2_library(device)
-    except (_select.UnsupportedDeviceError, ValueError) as exc:
-        return None, f"sm7x FA2 does not run on this device: {exc}"
-    for arch in (sel.arch, sel.fallback):  # the loader's order
-        if arch is not None and _select.library_path(arch) is not None:
-            return arch, ""
-    return None, f"{sel.library} is not installed (set SM7X_LIBRARY_PATH to a build)"
-
-
-ARCH, _why = _selected_arch()
+ARCH, _why = selected_arch()
 if ARCH is None:
     pytest.skip(_why, allow_module_level=True)
 TAG = f"{ARCH} "  # names the arch in the worst-error record
