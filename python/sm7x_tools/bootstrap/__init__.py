@@ -18,6 +18,7 @@ from rattler_build import rattler_build_version
 from .. import STATE
 from ..channel import publish, rattler_build, read_stamp
 from ..hashing import tree_digest
+from ..repro import source_date_epoch
 from ..ui import console
 from . import inputs
 
@@ -46,7 +47,7 @@ def ensure(force: bool = False) -> Path:
     logfile = work / "build.log"
     for recipe in recipes:
         rattler_build.build(recipe, output_dir=work, channels=[work.as_uri()], variant_files=[], logfile=logfile)
-    publish(work, CHANNEL, want)
+    publish(work, CHANNEL, want, source_date_epoch([RECIPES, Path(__file__)]))  # reproducible (repro/)
     shutil.rmtree(work, ignore_errors=True)
     console.print(f"[green]bootstrap channel built[/] in {time.monotonic() - start:.0f} s: {CHANNEL}")
     return CHANNEL
