@@ -50,7 +50,12 @@ def source_date_epoch(paths: list[Path], root: Path = REPO) -> int:
     return max([int(f.stat().st_mtime) for f in files] + [ZIP_EPOCH])
 
 
-def machine_paths(output_dir: Path, tree: Path = REPO) -> dict[str, str]:
+def machine_paths(output_dir: Path, *trees: Path) -> dict[str, str]:
     """The build machine's directories that reach package metadata (channel URLs, rendered
-    recipe), and the fixed names they are replaced by."""
-    return {str(Path(output_dir).resolve()): "${SM7X_OUTPUT}", str(Path(tree).resolve()): "${SM7X_TREE}"}
+    recipe), and the fixed names they are replaced by: the build's output directory, and
+    the source trees (this one, where the bootstrap channel lives, and the one built)."""
+    names = {}
+    for path, name in [(output_dir, "${SM7X_OUTPUT}")] + [(t, "${SM7X_TREE}") for t in (REPO, *trees)]:
+        for form in (Path(os.path.abspath(path)), Path(path).resolve()):  # as given, and without symlinks
+            names.setdefault(str(form), name)
+    return names

@@ -6,8 +6,9 @@ A .conda is a stored zip of metadata.json, pkg-*.tar.zst (the files) and info-*.
 - in info/: index.json's timestamp SOURCE_DATE_EPOCH (milliseconds), the rendered recipe's
   build time likewise, the build directory's id (rattler-build_<name>_<time>) dropped, the
   build machine's directories (machine_paths: output directory, source tree) replaced by
-  fixed names, and of the build machine's virtual packages the kernel, CPU and driver
-  (__linux, __archspec, __cuda*) left out: they do not enter the build,
+  fixed names, of the build machine's virtual packages the kernel, CPU and driver
+  (__linux, __archspec, __cuda*) left out (they do not enter the build), and the map of
+  staged libraries to packages, which rattler-build writes in hash order, sorted,
 - the host prefix (rattler-build pads it to 255 bytes, and a file that holds it is listed
   in paths.json with it as prefix_placeholder, replaced at install time) replaced by a fixed
   one of the same length in those files and in paths.json, whose sha256s are updated,
@@ -40,6 +41,8 @@ _BUILD_ID = re.compile(r"(rattler-build_[^/\s'\"]+?)_\d{9,}(?=[/\s'\"]|$)", re.M
 _BUILD_TIME = re.compile(r"^(  timestamp: )\S+$", re.M)  # build_configuration.timestamp
 _MACHINE_VPKG = re.compile(r"^\s*- (__linux|__archspec|__cuda|__cuda_arch)=.*\n", re.M)
 _INDEX_TIME = re.compile(r'("timestamp":\s*)\d+')
+# maps rattler-build writes in hash order: their "    key: value" lines, sorted
+_HASH_ORDERED = re.compile(r"^(staging_library_name_map:\n(?:  \S.*:\n)?)((?:    .*\n)+)", re.M)
 
 
 def normalize(pkg: Path, *, epoch: int, paths: dict[str, str]) -> None:
@@ -85,14 +88,18 @@ def _decompress(raw):
 
 
 def _host_prefix(info) -> str | None:
-    for m, data in info:
-        if m.name == "info/paths.json":
-            found = {e.get("prefix_placeholder") for e in json.loads(data).get("paths", [])} - {None}
-            found = {p for p in found if len(p) == PREFIX_LEN}
-            if len(found) > 1:
-                raise ValueError(f"more than one host prefix in paths.json: {sorted(found)}")
-            return found.pop() if found else None
-    return None
+    """The build's host prefix: from the rendered recipe, else from paths.json."""
+    files = {m.name: d for m, d in info}
+    found = set()
+    recipe = files.get("info/recipe/rendered_recipe.yaml")
+    if recipe is not None:
+        found |= set(re.findall(r"^\s*host_prefix: (\S+)$", recipe.decode("utf-8", "replace"), re.M))
+    if "info/paths.json" in files:
+        found |= {e.get("prefix_placeholder") for e in json.loads(files["info/paths.json"]).get("paths", [])}
+    found = {p for p in found if p and len(p) == PREFIX_LEN}
+    if len(found) > 1:
+        raise ValueError(f"more than one host prefix in the package's metadata: {sorted(found)}")
+    return found.pop() if found else None
 
 
 def _placeholder_files(info, prefix) -> set[str]:
@@ -120,6 +127,7 @@ def _info(member, data, epoch, paths, prefix, new_sha):
         iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
         text = _BUILD_TIME.sub(rf"\g<1>{iso}", text)
         text = _MACHINE_VPKG.sub("", text)
+        text = _HASH_ORDERED.sub(lambda m: m.group(1) + "".join(sorted(m.group(2).splitlines(True))), text)
     elif member.name == "info/paths.json" and new_sha:
         doc = json.loads(text)
         for entry in doc.get("paths", []):
