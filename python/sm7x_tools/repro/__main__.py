@@ -48,6 +48,9 @@ def parse(argv):
                    help="only the variants with this value, e.g. python=3.12 (repeatable)")
     c.add_argument("--channel", action="append", default=[], metavar="URL",
                    help="build against this channel instead of the bootstrap channel")
+    c.add_argument("--against", type=Path, metavar="CHANNEL",
+                   help="also compare the rebuilt packages with those of the same name in CHANNEL "
+                        "(e.g. ./channel, built by ./build.sh from this tree)")
     c.add_argument("--keep", action="store_true", help=f"keep the two builds under {WORK}")
     m = sub.add_parser("compare", help="compare two .conda files or two channel directories")
     m.add_argument("a", type=Path)
@@ -65,13 +68,14 @@ def main(argv=None) -> int:
             raise ToolError(f"--variant takes KEY=VALUE, got {args.variant}")
         with lifecycle.interruptible(), lifecycle.build_lock(STATE / "build.lock"):
             outputs = None if "all" in args.output else args.output or ["sm7x-ext"]
-            return check(outputs, variant, args.channel, keep=args.keep)
+            return check(outputs, variant, args.channel, args.against, keep=args.keep)
     except (ToolError, lifecycle.Interrupted) as exc:
         console.print(f"[bold red]repro:[/] {exc}")
         return 1
 
 
-def check(outputs: list[str] | None, variant: dict[str, str], given: list[str], keep: bool = False) -> int:
+def check(outputs: list[str] | None, variant: dict[str, str], given: list[str], against: Path | None = None,
+          keep: bool = False) -> int:
     channels = given or [require_channel(bootstrap.CHANNEL, "the bootstrap channel (./build.sh builds it)").as_uri()]
     epoch = source_date_epoch([REPO / s for s in SOURCES])
     # as ./build.sh does (the digest names no path: the copies have the same)
@@ -93,7 +97,10 @@ def check(outputs: list[str] | None, variant: dict[str, str], given: list[str], 
             built.append(out)
             console.print(f"build {len(built)} in {out}: {len(packages(out))} package(s), "
                           f"{time.monotonic() - start:.0f} s")
-        return compare(*built)
+        status = compare(*built)
+        if against is not None:
+            status = max(status, compare(built[0], require_channel(against), rebuilt=True))
+        return status
     except BuildFailed as exc:
         console.print(f"[bold red]build failed:[/] {exc}")
         return 1
@@ -121,15 +128,17 @@ def copy_sources(dest: Path) -> Path:
     return dest
 
 
-def compare(a: Path, b: Path) -> int:
-    """Exit status 0 when every package of the same file name in both is the same bytes."""
+def compare(a: Path, b: Path, rebuilt: bool = False) -> int:
+    """Exit status 0 when every package of the same file name in both is the same bytes
+    (rebuilt: `a` holds a rebuild of some of `b`'s packages; `b`'s others go unmentioned)."""
     if a.is_file() and b.is_file():
         pairs, only = {a.name: (a, b)}, []
     else:
         ia = {p.relative_to(a).as_posix(): p for p in packages(a)} if a.is_dir() else {}
         ib = {p.relative_to(b).as_posix(): p for p in packages(b)} if b.is_dir() else {}
         pairs = {k: (ia[k], ib[k]) for k in sorted(ia.keys() & ib.keys())}
-        only = [f"{k} (only in {a if k in ia else b})" for k in sorted(ia.keys() ^ ib.keys())]
+        only = [f"{k} (only in {a if k in ia else b})" for k in sorted((ia.keys() - ib.keys()) if rebuilt
+                                                                        else ia.keys() ^ ib.keys())]
     if not pairs:
         console.print(f"[bold red]nothing to compare:[/] no package of the same name in {a} and {b} "
                       f"(.conda files under {'/, '.join(SUBDIRS)}/)")

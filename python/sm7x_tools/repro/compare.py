@@ -78,7 +78,7 @@ def _contents(fa, fb, name: str) -> str | None:
     da, db = fa.read(), fb.read()
     if da == db:
         return None
-    if len(da) < 1 << 20 and len(db) < 1 << 20:
+    if len(da) < 1 << 20 and len(db) < 1 << 20 and b"\0" not in da + db:  # text
         try:
             la, lb = da.decode().splitlines(), db.decode().splitlines()
         except UnicodeDecodeError:
