@@ -11,7 +11,8 @@ A .conda is a stored zip of metadata.json, pkg-*.tar.zst (the files) and info-*.
   staged libraries to packages, which rattler-build writes in hash order, sorted,
 - the host prefix (rattler-build pads it to 255 bytes, and a file that holds it is listed
   in paths.json with it as prefix_placeholder, replaced at install time) replaced by a fixed
-  one of the same length in those files and in paths.json, whose sha256s are updated,
+  one of the same length in those files and in paths.json, whose sha256s (of those files
+  and of the symlinks that lead to them) are updated,
 then compressed again with one pinned zstd (zstandard), one thread, a fixed level.
 Normalizing a normalized package gives the same bytes.
 """
@@ -22,6 +23,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
 import shutil
 import tarfile
@@ -56,13 +58,16 @@ def normalize(pkg: Path, *, epoch: int, paths: dict[str, str]) -> None:
         info = _read_tar(zf, info_name)
         prefix = _host_prefix(info)
         placeholders = _placeholder_files(info, prefix)
-        files, new_sha = {name: Path(tmp) / name for name in names}, {}
+        files, new_sha, links = {name: Path(tmp) / name for name in names}, {}, {}
         for name in names:
             if name == "metadata.json":
                 files[name].write_bytes(zf.read(name))
             elif name != info_name:  # the info tar goes last: it needs the files' new sha256s
                 with zf.open(name) as src, open(files[name], "wb") as out:
-                    new_sha.update(_repack(src, out, epoch, prefix, placeholders))
+                    new_sha.update(_repack(src, out, epoch, prefix, placeholders, links))
+        # paths.json gives a symlink the sha256 of the file it leads to
+        new_sha.update({link: new_sha[target] for link in links
+                        if (target := _resolve(link, links)) in new_sha})
         with open(files[info_name], "wb") as out:
             _write_tar(out, ((m, _info(m, data, epoch, paths, prefix, new_sha)) for m, data in info), epoch)
         new = Path(tmp) / "repacked.conda"
@@ -76,6 +81,15 @@ def normalize(pkg: Path, *, epoch: int, paths: dict[str, str]) -> None:
                 with open(files[name], "rb") as src, out_zip.open(zinfo, "w", force_zip64=zinfo.file_size > 2**31) as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
         os.replace(new, pkg)
+
+
+def normalize_channel(directory: Path, *, epoch: int, paths: dict[str, str]) -> None:
+    """normalize() every package of a channel directory that a build is still writing to,
+    and drop its repodata.json, which rattler-build indexes anew before its next build."""
+    for pkg in sorted(Path(directory).glob("*/*.conda")):
+        normalize(pkg, epoch=epoch, paths=paths)
+    for index in Path(directory).glob("*/repodata.json"):
+        index.unlink()
 
 
 def _read_tar(zf: zipfile.ZipFile, name: str) -> list[tuple[tarfile.TarInfo, bytes | None]]:
@@ -136,14 +150,25 @@ def _info(member, data, epoch, paths, prefix, new_sha):
     return text.encode("utf-8")
 
 
-def _repack(src, out, epoch: int, prefix: str | None, placeholders: set[str]) -> dict[str, str]:
+def _resolve(path: str, links: dict[str, str]) -> str:
+    """Where a symlink of the package leads, through other symlinks of it."""
+    for _ in range(40):
+        if path not in links:
+            return path
+        path = posixpath.normpath(posixpath.join(posixpath.dirname(path), links[path]))
+    return path
+
+
+def _repack(src, out, epoch: int, prefix: str | None, placeholders: set[str], links: dict) -> dict[str, str]:
     """Rewrite one payload tar.zst into `out`, streaming every file but those that hold the
-    host prefix; returns their new sha256s."""
+    host prefix; returns their new sha256s, and adds the symlinks to `links`."""
     changed = {}
 
     def members():
         with _decompress(src) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for m in tar:
+                if m.issym():
+                    links[m.name] = m.linkname
                 if m.isfile() and m.name in placeholders:
                     data = tar.extractfile(m).read().replace(prefix.encode(), FIXED_PREFIX.encode())
                     changed[m.name] = hashlib.sha256(data).hexdigest()
