@@ -12,7 +12,9 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
+import sys
 import tarfile
 import time
 import zipfile
@@ -131,6 +133,16 @@ def test_source_date_epoch_is_the_last_commit_of_the_sources(monkeypatch):
         assert source_date_epoch([REPO / "csrc"]) == int(csrc)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1234567890")
     assert source_date_epoch([REPO / "csrc"]) == 1234567890
+
+
+def test_bootstrap_digest_names_no_checkout_path(tmp_path):
+    """Two checkouts of one commit reuse each other's bootstrap channel (its stamp is this)."""
+    shutil.copytree(REPO / "python" / "sm7x_tools", tmp_path / "python" / "sm7x_tools",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from sm7x_tools import bootstrap; print(bootstrap.digest())"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONPATH": str(tmp_path / "python")}).stdout.strip()
+    assert other == bootstrap.digest()
 
 
 @pytest.mark.slow

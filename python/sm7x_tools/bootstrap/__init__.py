@@ -2,9 +2,10 @@
 (README.md here; the repack recipes are under recipes/, their pinned downloads are
 fetched by inputs.py).
 
-Rebuilt only when its inputs change: the digest of recipes/ (file names relative to it,
-so the folder may move), this module and rattler-build's version is stored in the
-channel, and a matching channel is reused as it is.
+Rebuilt only when its inputs change: the digest of recipes/, this module, the repack of
+its packages (sm7x_tools.repro; file names relative to sm7x_tools/, so the tree may move)
+and rattler-build's version is stored in the channel, and a matching channel is reused as
+it is.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ REPRO = Path(__file__).resolve().parents[1] / "repro"  # how its packages are re
 
 
 def digest() -> str:
-    return tree_digest([RECIPES, Path(__file__), REPRO], RECIPES.parent, extra=[rattler_build_version()])
+    # names relative to sm7x_tools/, which holds all three: no checkout's path in it
+    return tree_digest([RECIPES, Path(__file__), REPRO], REPRO.parent, extra=[rattler_build_version()])
 
 
 def ensure(force: bool = False) -> Path:
