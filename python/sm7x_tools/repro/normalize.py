@@ -36,7 +36,7 @@ import zstandard
 
 from . import ZIP_EPOCH
 
-LEVEL = 3  # zstd's default: a tenth of rattler-build's default time, a little larger
+LEVEL = 3  # zstd's default; on python 3.12's files 0.8 s and 44 MB, level 15 57 s and 39 MB
 PREFIX_LEN = 255  # rattler-build's host prefix length, placeholder padding included
 FIXED_PREFIX = ("/sm7x-build/host_env" + "_placehold" * 26)[:PREFIX_LEN]
 _BUILD_ID = re.compile(r"(rattler-build_[^/\s'\"]+?)_\d{9,}(?=[/\s'\"]|$)", re.M)
