@@ -9,6 +9,8 @@ and channel directories. One subpackage per job:
     bootstrap   the offline bootstrap channel: pinned input downloads + repack recipes
     airgap      ./airgap.sh: bundle, verify, merge
     envs        solve/install environments with py-rattler; the env benchmark (envs.bench)
+    repro       reproducible packages: the repack ./build.sh publishes with, the rebuild
+                check (build twice, compare) and package comparison
     audit       the ABI audit of native libraries; the recipe runs it while packaging, so
                 it and this file are in the packages' source digest (channel/digest.py):
                 keep this file small and stdlib-only

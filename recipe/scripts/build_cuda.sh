@@ -4,6 +4,10 @@
 # CMake builds one FA2 library per arch of python/sm7x/targets.json in that list, and
 # refuses an arch the variant's nvcc cannot target (targets.json: cuda_max_major).
 set -euo pipefail
+# Reproducible libraries: rattler-build exports LD_RUN_PATH=$PREFIX/lib, which the linker
+# writes into the library (and hashes into its GNU build-id) before rattler-build rewrites
+# it to $ORIGIN/..; it adds that same rpath when packaging either way (rpaths: lib/).
+unset LD_RUN_PATH
 cmake -S csrc -B _build_cuda -G Ninja \
   -DCMAKE_BUILD_TYPE=Release \
   -DSM7X_BUILD_EXT=OFF \

@@ -2,6 +2,10 @@
 # Staging build of the pybind11 modules for the host Python ($PYTHON), installed into
 # its site-packages; the sm7x-ext output picks them up with its file globs.
 set -euo pipefail
+# Reproducible libraries: rattler-build exports LD_RUN_PATH=$PREFIX/lib, which the linker
+# writes into the library (and hashes into its GNU build-id) before rattler-build rewrites
+# it to $ORIGIN/..; it adds that same rpath when packaging either way (rpaths: lib/).
+unset LD_RUN_PATH
 cmake -S csrc -B _build_ext -G Ninja \
   -DCMAKE_BUILD_TYPE=Release \
   -DSM7X_BUILD_EXT=ON \

@@ -103,7 +103,7 @@ def test_failed_publish_keeps_the_old_channel(tmp_path):
     empty = tmp_path / "built"
     empty.mkdir()
     with pytest.raises(BuildFailed, match="no packages"):
-        publish(empty, old, "stamp")
+        publish(empty, old, "stamp", 0)
     assert (old / "noarch" / "repodata.json").read_text() == "{}"
     assert not (tmp_path / "channel.partial").exists() or not any((tmp_path / "channel.partial").iterdir())
 

@@ -20,13 +20,12 @@ once under the same file name:
   it takes the first channel's copy where info/index.json agrees, and the table says so
   for each package it decided.
 
-REPRODUCIBILITY (rattler-build 0.73, measured by building the default variants twice from
-one source tree): no archive came out byte-identical. The noarch `sm7x` differed only in
-index.json's `timestamp`; each sm7x-ext .so in 19-20 bytes of its GNU build-id; the CUDA
-libraries in nvcc's per-file anonymous-namespace hash (`_GLOBAL__N__<hash>_...`), which
-follows the timestamped build directory. So until the builds are reproducible, the copies
-that several machines build of one output differ in payload, and merging their channels
-needs --keep-first (the conflict message names the source digest both copies declare).
+REPRODUCIBILITY: before sm7x_tools.repro, no archive of two builds of one source tree came
+out byte-identical (rattler-build 0.73 stamps the build time and directories; the sm7x-ext
+.so differed in its GNU build-id, the CUDA libraries in nvcc's anonymous-namespace hash).
+Now two builds of one commit give the same bytes, and the outputs that two machines build
+from other variant files have the same payload (their rendered recipes list other sibling
+builds), so merging their channels needs no --keep-first.
 
 The result is written atomically (OUT.partial, renamed into place), indexed by rattler and
 verified before the rename; a failed merge leaves an existing OUT as it was.

@@ -26,6 +26,8 @@ from pathlib import Path
 from rattler import index
 
 from .. import ToolError
+from ..repro import machine_paths
+from ..repro.normalize import normalize
 
 
 class BuildFailed(ToolError):
@@ -58,8 +60,9 @@ def read_stamp(channel: Path) -> str | None:
     return stamp.read_text().strip() if stamp.exists() else None
 
 
-def publish(built: Path, channel: Path, stamp: str) -> list[Path]:
-    """Copy the .conda files under `built` into a fresh channel at `channel`."""
+def publish(built: Path, channel: Path, stamp: str, epoch: int) -> list[Path]:
+    """Copy the .conda files under `built` into a fresh channel at `channel`, each repacked
+    reproducibly (time `epoch`, no build paths: sm7x_tools.repro)."""
     pkgs = packages(built)
     if not pkgs:
         raise BuildFailed(f"no packages were produced under {built}")
@@ -70,6 +73,7 @@ def publish(built: Path, channel: Path, stamp: str) -> list[Path]:
             (tmp / sub).mkdir(parents=True)
         for pkg in pkgs:
             shutil.copy2(pkg, tmp / pkg.parent.name / pkg.name)
+            normalize(tmp / pkg.parent.name / pkg.name, epoch=epoch, paths=machine_paths(built))
         index_dir(tmp)
         (tmp / STAMP).write_text(stamp + "\n")
         replace_dir(tmp, channel, versioned=True)

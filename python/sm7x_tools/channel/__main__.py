@@ -25,7 +25,8 @@ from rich.table import Table
 from .. import REPO, STATE, bootstrap
 from ..ui import console
 from . import STAMP, BuildFailed, lifecycle, publish, read_stamp, records, rattler_build, variants
-from .digest import channel_stamp, source_digest
+from ..repro import source_date_epoch
+from .digest import SOURCES, channel_stamp, source_digest
 
 RECIPE = REPO / "recipe" / "recipe.yaml"
 OUTPUT = REPO / "channel"
@@ -79,7 +80,8 @@ def main(argv=None) -> int:
             if not args.force and read_stamp(out) == want:
                 console.print(f"[green]sm7x channel up to date[/] ({out})")
             else:
-                build_main(variant_files, channels, out, want, test=not args.no_test)
+                epoch = source_date_epoch([REPO / s for s in SOURCES])  # the packages' time (sm7x_tools.repro)
+                build_main(variant_files, channels, out, want, epoch, test=not args.no_test)
         summary(out, channels, time.monotonic() - start)
         return 0
     except BuildFailed as exc:
@@ -108,7 +110,7 @@ def left_as_it_was(out: Path, before: str | None) -> str:
                     f"; left for the next start to remove: {', '.join(map(str, rest))}")
 
 
-def build_main(variant_files, channels, out, stamp, test=True):
+def build_main(variant_files, channels, out, stamp, epoch, test=True):
     console.rule("sm7x packages")
     work = WORK_DIRS[0]
     shutil.rmtree(work, ignore_errors=True)
@@ -118,7 +120,7 @@ def build_main(variant_files, channels, out, stamp, test=True):
     try:
         rattler_build.build(RECIPE, output_dir=work, channels=[work.as_uri(), *channels],
                             variant_files=variant_files, logfile=log, test=test)
-        publish(work, out, stamp)
+        publish(work, out, stamp, epoch)
     finally:  # done, failed or interrupted: the work tree (up to about 1 GB) goes
         shutil.rmtree(work, ignore_errors=True)
 

@@ -15,9 +15,9 @@ from ..hashing import tree_digest
 # package __init__ it imports); editing the rest of python/sm7x_tools changes no package.
 SOURCES = ["recipe/recipe.yaml", "recipe/scripts", "csrc", "python/sm7x", "patches", "pyproject.toml",
            "python/sm7x_tools/__init__.py", "python/sm7x_tools/audit"]
-# what drives the build besides the sources: a change here rebuilds ./channel, but is not
-# recorded in the packages
-DRIVER = ["python/sm7x_tools/channel", "python/sm7x_tools/requirements.txt"]
+# what drives the build besides the sources (and repacks its packages: repro/): a change
+# here rebuilds ./channel, but is not recorded in the packages
+DRIVER = ["python/sm7x_tools/channel", "python/sm7x_tools/repro", "python/sm7x_tools/requirements.txt"]
 
 
 def source_digest(toolchain: list[str], root: Path = REPO) -> str:

@@ -77,14 +77,16 @@ def worker_argv(spec: Path) -> list[str]:
 
 
 def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],
-          logfile: Path, test: bool = True) -> None:
-    """Build every variant of one recipe into output_dir, in a worker process whose process
-    group is ended with the build; raises BuildFailed with the worker's message."""
+          logfile: Path, test: bool = True, outputs: list[str] | None = None,
+          variant: dict[str, str] | None = None) -> None:
+    """Build every variant of one recipe into output_dir (or those of `outputs` whose variant
+    has the values in `variant`), in a worker process whose process group is ended with the
+    build; raises BuildFailed with the worker's message."""
     spec, result = logfile.with_suffix(".spec.json"), logfile.with_suffix(".result.json")
     result.unlink(missing_ok=True)
     spec.write_text(json.dumps({"recipe": str(recipe), "output_dir": str(output_dir), "channels": channels,
                                 "variant_files": [str(f) for f in variant_files], "logfile": str(logfile),
-                                "test": test, "result": str(result)}))
+                                "test": test, "result": str(result), "outputs": outputs, "variant": variant}))
     try:
         # the worker imports the tools from the source tree, then drops PYTHONPATH before building
         status = lifecycle.run_group(worker_argv(spec), GROUP_FILE,
@@ -101,21 +103,27 @@ def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files:
 
 
 def build_here(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],
-               logfile: Path, test: bool = True) -> list:
-    """Build every variant of one recipe into output_dir in this process (the worker's side);
-    return rattler-build's results."""
+               logfile: Path, test: bool = True, outputs: list[str] | None = None,
+               variant: dict[str, str] | None = None) -> list:
+    """Build every variant of one recipe (or the selected ones, as in `build`) into output_dir
+    in this process (the worker's side); return rattler-build's results."""
     files = [str(f) for f in variant_files]
     local = recipe.parent / "variants.yaml"
     if local.exists():
         files.append(str(local))
     variants = VariantConfig.from_files(files) if files else VariantConfig()
     tool = ToolConfiguration(test_strategy="native" if test else "skip", compression_threads=2)
+    chosen = [v for v in Stage0Recipe.from_file(recipe).render(variants)
+              if (outputs is None or v.recipe.package.name in outputs)
+              and all(str(v.variant.get(k)) == str(x) for k, x in (variant or {}).items())]
+    if not chosen:
+        raise BuildFailed(f"no variant of {recipe} is one of the outputs {outputs} with {variant}")
     start = time.monotonic()
     with console.status(f"[bold]building {recipe.parent.name}") as status:
         progress = _Progress(logfile, status)
         results = []
         try:
-            for v in build_order(Stage0Recipe.from_file(recipe).render(variants)):
+            for v in build_order(chosen):
                 t0 = time.monotonic()
                 r = v.run_build(
                     tool_config=tool,

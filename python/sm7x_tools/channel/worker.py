@@ -45,7 +45,7 @@ def main(spec_path: str) -> int:
         try:
             build_here(Path(spec["recipe"]), output_dir=Path(spec["output_dir"]), channels=spec["channels"],
                        variant_files=[Path(f) for f in spec["variant_files"]], logfile=Path(spec["logfile"]),
-                       test=spec["test"])
+                       test=spec["test"], outputs=spec.get("outputs"), variant=spec.get("variant"))
             outcome["ok"] = True
         except BuildFailed as exc:
             outcome["error"] = str(exc)
