@@ -27,7 +27,8 @@ one() {
 }
 for so in libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libutil.so.1 libresolv.so.2; do
   install -m644 "$(one "$so")" "$lib/$so"
-  [[ $so == libc.so.6 ]] || ln -s "$so" "$lib/${so%.so.*}.so"
+  # the -l names: copies, not symlinks (a noarch package may hold none)
+  [[ $so == libc.so.6 ]] || cp "$lib/$so" "$lib/${so%.so.*}.so"
 done
 install -m644 "$(one libld.so.2)" "$lib/ld-linux-x86-64.so.2"
 install -m644 "$(one libc_nonshared.a)" "$lib/libc_nonshared.a"
@@ -58,7 +59,7 @@ grep -qx "#define __GLIBC_MINOR__ $GLIBC_MINOR" "$sysroot/usr/include/features.h
   || { echo "error: zig's features.h no longer has the line this script replaces" >&2; exit 1; }
 # a header a later glibc added errors out when included for 2.28; __has_include (which
 # libstdc++ uses, e.g. for sys/single_threaded.h) must not find it at all
-grep -rlE '^#error .*(did not exist|was added|introduced)' "$sysroot/usr/include" | while read -r h; do
+{ grep -rlE '^[[:space:]]*#[[:space:]]*error .*did not exist' "$sysroot/usr/include" || true; } | while read -r h; do
   need=$(grep -oE '__GLIBC_MINOR__ < [0-9]+' "$h" | head -1 | grep -oE '[0-9]+$' || true)
   if [[ -n $need && $need -gt $GLIBC_MINOR ]]; then rm "$h"; echo "dropped ${h#$sysroot/} (glibc 2.$need)"; fi
 done
