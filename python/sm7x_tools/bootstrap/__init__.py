@@ -24,7 +24,8 @@ from . import inputs
 RECIPES = Path(__file__).resolve().parent / "recipes"
 CHANNEL = STATE / "bootstrap" / "channel"
 # build order: later recipes solve against packages of earlier ones
-BOOTSTRAP_RECIPES = ["build-tools", "compilers", "sysroot", "cuda", "python", "pybind11", "torch-deps", "pytorch"]
+BOOTSTRAP_RECIPES = ["build-tools", "compilers", "sysroot", "cuda", "python", "python-build", "pybind11",
+                     "torch-deps", "pytorch"]
 
 
 def digest() -> str:
