@@ -13,10 +13,16 @@ installed conda package (conda-meta/NAME-*.json) and that the package says so: a
 `__glibc >=X` run dependency with X no older than what its files need, and `libstdcxx
 >=N` / `libgcc >=N` when its files import from libstdc++.so.6 / libgcc_s.so.1.
 
+It also fails on a strong import without a version, other than torch's stable-ABI shims
+(aoti_torch_*, torch_*) and the Python C API (Py*, _Py*), which the process provides
+unversioned: glibc, libstdc++ and libgcc_s version every symbol they export, so an
+unversioned import of theirs means the link did not see them (e.g. a function the 2.28
+sysroot lacks), and it would fail to resolve at load time.
+
 What it proves: the loader's version check passes on a host with that glibc and those
-GCC runtimes. It does not prove that a symbol imported without a version exists there
-(glibc exports every public symbol with a version, so a link against the right glibc
-leaves none), nor anything about behaviour. Needs pyelftools only (stdlib otherwise),
+GCC runtimes, and every versioned import names a version they define. It does not run
+anything: that each symbol exists at that version there is the link's doing (against
+2.28's stubs), and behaviour is not judged. Needs pyelftools only (stdlib otherwise),
 so a package test can run it. Exit status: 0 ok, 1 a file or package fails, 2 usage.
 """
 
@@ -69,6 +75,34 @@ def version_needs(path: str) -> dict[str, set[str]]:
     return needs
 
 
+# imports the process provides without a version: torch's C shims and the Python C API
+_UNVERSIONED_OK = re.compile(r"(aoti_torch_|torch_|Py|_Py)")
+
+
+def unversioned_imports(path: str) -> list[str]:
+    """Strong undefined dynamic symbols with no version, other than _UNVERSIONED_OK's."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        try:
+            elf = ELFFile(f)
+        except ELFError:
+            return []
+        dynsym = elf.get_section_by_name(".dynsym")
+        versym = elf.get_section_by_name(".gnu.version")
+        if dynsym is None:
+            return []
+        bad = []
+        for i, sym in enumerate(dynsym.iter_symbols()):
+            if i == 0 or sym["st_shndx"] != "SHN_UNDEF" or sym["st_info"]["bind"] != "STB_GLOBAL":
+                continue
+            index = versym.get_symbol(i)["ndx"] if versym is not None else "VER_NDX_GLOBAL"
+            if index in ("VER_NDX_GLOBAL", "VER_NDX_LOCAL", 0, 1) and not _UNVERSIONED_OK.match(sym.name):
+                bad.append(sym.name)
+        return sorted(bad)
+
+
 def highest(needs: dict[str, set[str]]) -> dict[str, tuple[int, ...]]:
     """The newest version per family (GLIBC, GLIBCXX, CXXABI, GCC) a file needs."""
     top: dict[str, tuple[int, ...]] = {}
@@ -88,6 +122,10 @@ def check_file(path: str, glibc: tuple[int, ...], gcc: int) -> tuple[dict, list[
     problems = [f"{path}: needs {family}_{_text(v)}, newer than {family}_{_text(limits[family])} "
                 f"({'glibc ' + _text(glibc) if family == 'GLIBC' else 'GCC ' + str(gcc) + ' runtime'})"
                 for family, v in sorted(top.items()) if v > limits[family]]
+    loose = unversioned_imports(path)
+    if loose:
+        problems.append(f"{path}: imports without a symbol version (the link did not resolve them "
+                        f"against the sysroot): {', '.join(loose[:10])}" + (" ..." if len(loose) > 10 else ""))
     return {"file": path, "needs": {k: _text(v) for k, v in sorted(top.items())},
             "libraries": sorted(needs)}, problems
 
