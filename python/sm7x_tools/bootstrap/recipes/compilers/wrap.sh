@@ -18,8 +18,8 @@ mkdir -p "$PREFIX/bin" "$PREFIX/etc/conda/activate.d" "$PREFIX/share/$PKG_NAME"
 # own dependencies). libstdc++ and libgcc stay the compiler's (run dependencies).
 extra=""
 if [[ "$TOOL" == g++ ]]; then
-  install -m644 "$RECIPE_DIR/libstdcxx-glibc-floor.h" "$PREFIX/share/$PKG_NAME/"
-  extra=" -include \"\$here/../share/$PKG_NAME/libstdcxx-glibc-floor.h\""
+  install -Dm644 "$RECIPE_DIR/include/bits/c++config.h" "$PREFIX/share/$PKG_NAME/include/bits/c++config.h"
+  extra=" -isystem \"\$here/../share/$PKG_NAME/include\""
 fi
 for alias in $ALIASES; do
   cat > "$PREFIX/bin/$TRIPLET-$alias" <<WRAPPER

@@ -52,11 +52,28 @@ inc="$zigdir/lib/libc/include"
 for d in x86-linux-gnu generic-glibc x86-linux-any any-linux-any; do
   cp -an "$inc/$d/." "$sysroot/usr/include/"
 done
-# zig passes -D__GLIBC_MINOR__ per target; a sysroot says it in features.h
-sed -i "s|^/\* zig patch: we pass \`-D__GLIBC_MINOR__=XX\` depending on the target. \*/\$|#define __GLIBC_MINOR__ $GLIBC_MINOR|" \
-  "$sysroot/usr/include/features.h"
-grep -qx "#define __GLIBC_MINOR__ $GLIBC_MINOR" "$sysroot/usr/include/features.h" \
-  || { echo "error: zig's features.h no longer has the line this script replaces" >&2; exit 1; }
+# zig passes -D__GLIBC_MINOR__ per target, before any header; a sysroot says it at the
+# top of features.h
+h="$sysroot/usr/include/features.h"
+patch_once() {  # patch_once FILE SED-SCRIPT WHAT: the edit must change the file
+  local before
+  before=$(sha256sum < "$1")
+  sed -i "$2" "$1"
+  [[ $(sha256sum < "$1") != "$before" ]] \
+    || { echo "error: zig's $(basename "$1") no longer has what repack.sh edits ($3)" >&2; exit 1; }
+}
+patch_once "$h" '/^\/\* zig patch: we pass `-D__GLIBC_MINOR__=XX` depending on the target. \*\/$/d' "__GLIBC_MINOR__ note"
+patch_once "$h" "s|^#define\t_FEATURES_H\t1\$|&\n#define __GLIBC_MINOR__ $GLIBC_MINOR  /* this sysroot's glibc */|" "_FEATURES_H"
+# zig's headers are glibc 2.41's and do not version the C23 math block: declarations of
+# functions glibc added in 2.40/2.41 (sinpi, cospi, rsqrt, ...) that 2.28 lacks, and that
+# clash with CUDA 12's own math_functions.h. Off below 2.40, as before them; exp10, which
+# the block also holds, stays a GNU extension as it was
+patch_once "$sysroot/usr/include/bits/libc-header-start.h" \
+  's/^#if __GLIBC_USE (IEC_60559_FUNCS_EXT) || __GLIBC_USE (ISOC23)$/#if (__GLIBC_USE (IEC_60559_FUNCS_EXT) || __GLIBC_USE (ISOC23)) \&\& __GLIBC_MINOR__ >= 40/' \
+  "IEC_60559_FUNCS_EXT_C23"
+patch_once "$sysroot/usr/include/bits/mathcalls.h" \
+  's/^__MATHCALL_VEC (exp10,, (_Mdouble_ __x));$/#endif\n#if __GLIBC_USE (IEC_60559_FUNCS_EXT_C23) || defined __USE_GNU\n__MATHCALL_VEC (exp10,, (_Mdouble_ __x));\n#endif\n#if __GLIBC_USE (IEC_60559_FUNCS_EXT_C23)/' \
+  "exp10"
 # a header a later glibc added errors out when included for 2.28; __has_include (which
 # libstdc++ uses, e.g. for sys/single_threaded.h) must not find it at all
 { grep -rlE '^[[:space:]]*#[[:space:]]*error .*did not exist' "$sysroot/usr/include" || true; } | while read -r h; do
