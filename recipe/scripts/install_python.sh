@@ -8,6 +8,10 @@ set -euo pipefail
   --config-settings=wheel.cmake=false
 # the console script is the recipe's entry point (a noarch launcher), not pip's
 rm -f "$PREFIX/bin/sm7x"
+# pip records where it installed from (the build's work directory): not the user's business
+dist=("$SP_DIR"/sm7x-"$PKG_VERSION".dist-info)
+rm -f "${dist[0]}/direct_url.json"
+sed -i '/^sm7x-[^/]*\.dist-info\/direct_url\.json,/d' "${dist[0]}/RECORD"
 if find "$SP_DIR/sm7x" -name '*.so' | grep -q .; then
   echo "error: native modules ended up in the pure-Python sm7x package" >&2
   exit 1

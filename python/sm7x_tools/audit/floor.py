@@ -2,6 +2,7 @@
 
     python -m sm7x_tools.audit.floor --glibc 2.28 --gcc 12 FILE...
     python -m sm7x_tools.audit.floor --glibc 2.28 --gcc 12 --package NAME [--prefix P]
+    python floor.py ...   (the file alone: what the recipe's package tests run)
 
 A dynamic loader refuses a library that needs a symbol version its glibc (or libstdc++,
 libgcc_s) does not define: "version `GLIBC_2.34' not found". Every versioned import is
