@@ -9,17 +9,8 @@ not installable here (not on PyPI); this is the CI-able part of that check."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipe" / "recipe.yaml"
-VARIANT_SETS = {
-    "default": ["variants/default.yaml"],
-    "sm70": ["variants/default.yaml", "variants/sm70.yaml"],
-    "sm75": ["variants/default.yaml", "variants/sm75.yaml"],
-}
+from test_targets import RECIPE, REPO, VARIANT_SETS  # the variant sets the recipe is rendered with
 
 
 def _dep_name(dep) -> str:
