@@ -10,7 +10,8 @@ once under the same file name:
   reproducibly; the first channel's file is kept and the table says so. The payload is
   what installing the package writes and is told, read from each archive itself (never
   from what it declares about itself): every file outside info/ (sha256 of its bytes, the
-  executable bit, a symlink's target), info/index.json apart from its build `timestamp`,
+  executable bit, a symlink's target), info/index.json apart from its build `timestamp`
+  (depends and constrains compared as sets),
   the install instructions of info/paths.json (type, sha256, size, prefix placeholder,
   no_link of every path) and info/link.json;
 - any other difference under one file name is refused, whatever the packages declare
