@@ -23,6 +23,7 @@
 #include <string>
 #include <utility>
 
+#include "check.h"
 #include "cuda_stream.h"
 #include "kernels.h"
 #include "tensor_text.h"
@@ -34,21 +35,6 @@ namespace {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-// ---------------------------------------------------------------------------------------
-// Messages.
-
-template <typename... Args>
-[[noreturn]] void fail(const char* op, const Args&... args) {
-  std::ostringstream oss;
-  oss << "sm7x." << op << ": ";
-  ((oss << args), ...);
-  throw std::runtime_error(oss.str());
-}
-
-#define SM7X_CHECK(cond, op, ...) \
-  do {                            \
-    if (!(cond)) fail(op, __VA_ARGS__); \
-  } while (0)
 
 // size/stride with Python-style negative dims (the stable Tensor takes dims >= 0).
 int64_t size_at(const Tensor& t, int64_t d) { return t.size(d < 0 ? d + t.dim() : d); }

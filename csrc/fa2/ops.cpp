@@ -6,7 +6,7 @@
 // own namespace (sm7x_fa2_sm75, sm7x_fa2_sm70: SM7X_FA2_NAMESPACE below), so the sm70
 // and sm75 libraries can share a process.
 //
-// Every failed check throws (STD_TORCH_CHECK), which torch turns into a Python
+// Every failed check throws (FA2_CHECK, ../core/check.h), which torch turns into a Python
 // RuntimeError with the message: it names the op and argument, what was found and the fix.
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
@@ -22,6 +22,7 @@
 #include <sstream>
 #include <string>
 
+#include "../core/check.h"
 #include "../core/cuda_stream.h"
 #include "../core/tensor_text.h"
 #include "fa2.h"
@@ -42,8 +43,11 @@ namespace {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-#define FA2_CHECK(cond, op, ...) \
-  STD_TORCH_CHECK(cond, "sm7x.fa2_" SM7X_FA2_ARCH ".", op, ": ", __VA_ARGS__)
+// "sm7x.fa2_sm75.<op>: <what>" (../core/check.h: no source path or line in messages)
+#define FA2_CHECK(cond, op, ...)                                          \
+  do {                                                                    \
+    if (!(cond)) ::sm7x::fail_in("fa2_" SM7X_FA2_ARCH, op, __VA_ARGS__);  \
+  } while (0)
 
 
 void check_cuda(const char* op, const char* name, const Tensor& t, const Tensor& q) {

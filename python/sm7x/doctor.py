@@ -168,7 +168,8 @@ def collect(devices: Iterable[Device] | None = None, *, prefix: str | Path | Non
         "gpus": [_gpu_report(d, warnings) for d in devices],
         "node": {"required_packages": sorted(required_packages(devices)),
                  "uncovered_gpus": [d.index for d in devices if _uncovered(d)]},
-        "solver": _solver_report(devices, packages, warnings),
+        "solver": _solver_report(devices, packages, warnings,
+                                 detect_client(Path(prefix) if prefix else Path(sys.prefix))),
         "integrations": _integrations(),
         "warnings": warnings,
     }
@@ -191,14 +192,86 @@ def _integrations() -> dict:
                              "how": how}}
 
 
+# conda reads __cuda_arch only through this plugin (CEP 46); mamba, micromamba and pixi
+# detect it themselves
+CUDA_ARCH_PLUGIN = "nvidia-virtual-packages"
+PLUGIN_INSTALL = f"conda install -n base {CUDA_ARCH_PLUGIN}"
+
+
+def _history_command(prefix: Path) -> tuple[str | None, str | None]:
+    """(tool, its executable) of the last ``# cmd:`` in the environment's conda-meta/history
+    (conda and micromamba write one per transaction), e.g. ("conda", "/opt/conda/bin/conda")."""
+    try:
+        lines = (prefix / "conda-meta" / "history").read_text(errors="replace").splitlines()
+    except OSError:
+        return None, None
+    cmds = [l[len("# cmd:"):].split() for l in lines if l.startswith("# cmd:")]
+    cmds = [c for c in cmds if c]
+    if not cmds:
+        return None, None
+    exe = cmds[-1][0]
+    name = Path(exe).name
+    # conda's history names the script that ran: bin/conda, or conda/__main__.py under python -m
+    if name in ("__main__.py", "conda-script.py") and "conda" in exe:
+        name = "conda"
+    return name, exe
+
+
+def _conda_base(exe: str | None, environ) -> Path | None:
+    """conda's installation (base env) from $CONDA_EXE or the history's executable."""
+    for cand in (environ.get("CONDA_EXE"), exe):
+        if cand and Path(cand).name in ("conda", "__main__.py", "conda-script.py"):
+            path = Path(cand).resolve()
+            for up in path.parents:
+                if (up / "conda-meta").is_dir():
+                    return up
+    return None
+
+
+def detect_client(prefix: Path, environ=None) -> dict:
+    """Which client made this environment, and whether it sees __cuda_arch (CEP 46).
+
+    From the environment itself: pixi's marker (conda-meta/pixi), else the last command in
+    conda-meta/history, else $CONDA_EXE / $MAMBA_EXE. conda sees __cuda_arch only with the
+    nvidia-virtual-packages plugin in its base environment (looked up in base's conda-meta);
+    without it conda installs the fallback sm7x-fa2 build ('all'), whatever the GPUs.
+    """
+    environ = os.environ if environ is None else environ
+    tool, exe = _history_command(prefix)
+    if (prefix / "conda-meta" / "pixi").exists() or "PIXI_ENVIRONMENT_NAME" in environ:
+        return {"name": "pixi", "sees_cuda_arch": True, "how": "pixi detects __cuda_arch itself"}
+    if tool in ("mamba", "micromamba"):
+        return {"name": tool, "sees_cuda_arch": True, "how": f"{tool} detects __cuda_arch itself"}
+    if tool is None and environ.get("MAMBA_EXE") and not environ.get("CONDA_EXE"):
+        name = Path(environ["MAMBA_EXE"]).name
+        return {"name": name, "sees_cuda_arch": True, "how": f"{name} detects __cuda_arch itself"}
+    if tool == "conda" or (tool is None and environ.get("CONDA_EXE")):
+        base = _conda_base(exe, environ)
+        if base is None:
+            return {"name": "conda", "sees_cuda_arch": None, "base": None,
+                    "how": f"conda's installation was not found here, so whether it has the "
+                           f"{CUDA_ARCH_PLUGIN} plugin is unknown"}
+        plugin = sorted(base.glob(f"conda-meta/{CUDA_ARCH_PLUGIN}-[0-9]*.json"))
+        if plugin:
+            return {"name": "conda", "sees_cuda_arch": True, "base": str(base),
+                    "how": f"conda at {base} has the {CUDA_ARCH_PLUGIN} plugin ({plugin[-1].stem})"}
+        return {"name": "conda", "sees_cuda_arch": False, "base": str(base),
+                "how": f"conda at {base} has no {CUDA_ARCH_PLUGIN} plugin: it sees no "
+                       f"__cuda_arch and ignores CONDA_OVERRIDE_CUDA_ARCH"}
+    return {"name": tool, "sees_cuda_arch": None,
+            "how": "the client that made this environment is not known"}
+
+
 def _uncovered(device: Device) -> bool:
     """A Volta/Turing GPU that none of the installed FA2 libraries can run on."""
     archs = covering_archs(device)
     return bool(archs) and not any(library_path(a) for a in archs)
 
 
-def _solver_report(devices: list[Device], packages: dict, warnings: list[str]) -> dict:
-    """Which sm7x-fa2 build a conda/pixi solve on this node takes, and why (CEP 46)."""
+def _solver_report(devices: list[Device], packages: dict, warnings: list[str],
+                   client: dict | None = None) -> dict:
+    """Which sm7x-fa2 build a solve on this node takes, and why (CEP 46): the client that
+    made the environment (detect_client) decides whether __cuda_arch exists at all."""
     try:
         arch, source = node_cuda_arch(devices)
     except ValueError as exc:
@@ -208,10 +281,22 @@ def _solver_report(devices: list[Device], packages: dict, warnings: list[str]) -
         warnings.append(f"{CUDA_ARCH_OVERRIDE_ENV} is set but CONDA_OVERRIDE_CUDA is not: pixi "
                         f"and other rattler-based tools then see no __cuda_arch at all and "
                         f"install the fallback; set CONDA_OVERRIDE_CUDA=12.4 (say) as well")
-    pick = selector_pick(arch)
     installed = next((p for p in packages["conda"] if p["name"] == "sm7x-fa2"), None)
     installed_variant = str(installed["build"]).split("_")[0] if installed else None
-    return {"cuda_arch": arch, "cuda_arch_source": source, "variant": pick.variant,
+    if client and client.get("sees_cuda_arch") is False:
+        # plain conda: no __cuda_arch whatever the GPUs, so the fallback
+        pick = selector_pick(None)
+        return {"cuda_arch": None, "cuda_arch_source": f"conda without the {CUDA_ARCH_PLUGIN} plugin",
+                "node_cuda_arch": arch, "client": client, "variant": pick.variant,
+                "build_number": pick.build_number, "packages": list(pick.packages),
+                "reason": f"{client['how']}; so it installs the fallback build, every FA2 "
+                          f"library (this works: each GPU loads its own). For the build of "
+                          f"this node's GPUs ({selector_pick(arch).variant if arch else 'none'}): "
+                          f"{PLUGIN_INSTALL}, or use mamba/micromamba or pixi",
+                "installed_variant": installed_variant}
+    pick = selector_pick(arch)
+    return {"cuda_arch": arch, "cuda_arch_source": source, "node_cuda_arch": arch,
+            "client": client, "variant": pick.variant,
             "build_number": pick.build_number, "packages": list(pick.packages),
             "reason": pick.reason, "installed_variant": installed_variant}
 
@@ -266,9 +351,15 @@ def _render_solver(solver: dict) -> list[str]:
     arch = solver["cuda_arch"] or "absent"
     picks = (f"sm7x-fa2 build '{solver['variant']}' -> {', '.join(solver['packages'])}"
              if solver["variant"] else "nothing: the solve fails")
-    lines = [f"solver    __cuda_arch {arch} ({solver['cuda_arch_source']}): installing sm7x "
-             f"picks {picks}", f"    why: {solver['reason']}"]
+    client = solver.get("client") or {}
+    who = client.get("name") or "a client with __cuda_arch (mamba, micromamba, pixi, conda + plugin)"
+    lines = [f"client    {client['name'] or 'unknown'}: {client['how']}"] if client else []
+    lines += [f"solver    __cuda_arch {arch} ({solver['cuda_arch_source']}): installing sm7x "
+              f"with {who} picks {picks}", f"    why: {solver['reason']}"]
     inst = solver["installed_variant"]
+    if client.get("sees_cuda_arch") is None and client:
+        lines.append(f"    note: if conda made it, conda needs the {CUDA_ARCH_PLUGIN} plugin for "
+                     f"__cuda_arch ({PLUGIN_INSTALL}); without it, it installs the fallback 'all'")
     if inst == "all" and solver["variant"] != "all":
         lines.append("    note: this environment has the fallback build 'all' (solved without "
                      "__cuda_arch, e.g. on a login node): every FA2 library, this node included")

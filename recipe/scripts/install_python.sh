@@ -1,28 +1,18 @@
 #!/usr/bin/env bash
-# The pure-Python package: the (patched) sources of python/sm7x, without native files.
+# The pure-Python package, installed with pip from pyproject.toml as conda-forge installs
+# Python packages: the sources of python/sm7x (patched), sm7x/_version.py from the
+# recipe's version, and a dist-info (importlib.metadata, pip list, and the entry points
+# vLLM discovers). CMake is off (wheel.cmake=false): the native modules are other outputs.
 set -euo pipefail
-mkdir -p "$SP_DIR"
-cp -r python/sm7x "$SP_DIR/"
-find "$SP_DIR/sm7x" \( -name '*.so' -o -name '__pycache__' \) -prune -exec rm -rf {} +
-# the version, said once in recipe.yaml's context, as the wheel build also writes it
-printf '__version__ = "%s"\n' "$PKG_VERSION" > "$SP_DIR/sm7x/_version.py"
-# Distribution metadata, for the entry points vLLM discovers with importlib.metadata
-# (README, "Use it with vLLM"). Written here rather than by `pip install .`, which would
-# run scikit-build-core's CMake build of the native modules (other outputs ship those).
-# The entry points restate pyproject.toml's; tests/unit/test_vllm_plugin_metadata.py
-# compares the two.
-dist="$SP_DIR/sm7x-$PKG_VERSION.dist-info"
-mkdir -p "$dist"
-printf 'Metadata-Version: 2.1\nName: sm7x\nVersion: %s\nRequires-Python: >=3.10\n' \
-  "$PKG_VERSION" > "$dist/METADATA"
-printf 'conda\n' > "$dist/INSTALLER"
-cat > "$dist/entry_points.txt" <<'ENTRY_POINTS'
-[console_scripts]
-sm7x = sm7x.__main__:main
-
-[vllm.general_plugins]
-sm7x = sm7x.integrations.vllm:register
-
-[vllm.platform_plugins]
-sm7x = sm7x.integrations.vllm:platform_plugin
-ENTRY_POINTS
+"$PYTHON" -m pip install . --no-deps --no-build-isolation --no-index -vv \
+  --config-settings=wheel.cmake=false
+# the console script is the recipe's entry point (a noarch launcher), not pip's
+rm -f "$PREFIX/bin/sm7x"
+# pip records where it installed from (the build's work directory): not the user's business
+dist=("$SP_DIR"/sm7x-"$PKG_VERSION".dist-info)
+rm -f "${dist[0]}/direct_url.json"
+sed -i '/^sm7x-[^/]*\.dist-info\/direct_url\.json,/d' "${dist[0]}/RECORD"
+if find "$SP_DIR/sm7x" -name '*.so' | grep -q .; then
+  echo "error: native modules ended up in the pure-Python sm7x package" >&2
+  exit 1
+fi

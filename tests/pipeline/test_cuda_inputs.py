@@ -35,7 +35,8 @@ def test_not_deb_file_names(filename):
 
 
 def test_every_deb_pin_is_pinned_and_parses():
-    assert bootstrap.BOOTSTRAP_RECIPES.index("cuda") == bootstrap.BOOTSTRAP_RECIPES.index("compilers") + 1
+    # the cuda recipe's tests compile with the wrapped compilers, built before it
+    assert bootstrap.BOOTSTRAP_RECIPES.index("cuda") > bootstrap.BOOTSTRAP_RECIPES.index("compilers")
     pins = inputs.collect_pins([bootstrap.RECIPES / n / "recipe.yaml" for n in bootstrap.BOOTSTRAP_RECIPES])
     debs = [p for p in pins if p.name.endswith(".deb")]
     assert debs, "the cuda recipe pins Debian's nvidia-cuda-toolkit"

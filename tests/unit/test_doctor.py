@@ -14,7 +14,7 @@ from sm7x._select import Device
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
     for name in ("SM7X_FA2_FORCE", "SM7X_LIBRARY_PATH", "CONDA_OVERRIDE_CUDA_ARCH",
-                 "CONDA_OVERRIDE_CUDA"):
+                 "CONDA_OVERRIDE_CUDA", "CONDA_EXE", "MAMBA_EXE", "PIXI_ENVIRONMENT_NAME"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -128,6 +128,71 @@ def test_env_solved_on_a_login_node_is_explained(fake_install):
     info = doctor.collect([Device(0, "Tesla V100", (7, 0))], prefix=prefix, package_dir=pkg)
     assert info["solver"]["installed_variant"] == "all" and info["solver"]["variant"] == "sm70"
     assert "fallback build 'all'" in doctor.render(info)
+
+
+def _made_by(prefix, cmd):
+    (prefix / "conda-meta" / "history").write_text(
+        f"==> 2026-12-01 10:00:00 <==\n# cmd: {cmd}\n# conda version: 26.7.1\n+file:///ch::sm7x-0.1.0-h0_0\n")
+
+
+def _conda_base(tmp_path, plugin: bool):
+    base = tmp_path / "miniforge"
+    (base / "conda-meta").mkdir(parents=True)
+    (base / "bin").mkdir()
+    (base / "bin" / "conda").write_text("#!/bin/sh\n")
+    if plugin:
+        (base / "conda-meta" / "nvidia-virtual-packages-0.2.1-pyh0_0.json").write_text("{}")
+    return base
+
+
+@pytest.mark.parametrize("plugin", [False, True])
+def test_plain_conda_without_the_plugin_gets_the_fallback(fake_install, tmp_path, monkeypatch, plugin):
+    # conda sees __cuda_arch only through nvidia-virtual-packages: without it a T4 node gets
+    # the fallback with both libraries, and the doctor says so instead of predicting sm75
+    prefix, pkg = fake_install
+    base = _conda_base(tmp_path, plugin)
+    _made_by(prefix, f"{base}/bin/conda create -n t4 -c file:///ch sm7x python=3.11")
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", "7.5")  # ignored by plain conda
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA", "12.4")
+    info = doctor.collect([Device(0, "Tesla T4", (7, 5))], prefix=prefix, package_dir=pkg)
+    solver, text = info["solver"], doctor.render(info)
+    assert solver["client"]["name"] == "conda" and solver["client"]["sees_cuda_arch"] is plugin
+    if plugin:
+        assert solver["variant"] == "sm75" and "has the nvidia-virtual-packages plugin" in text
+    else:
+        assert solver["variant"] == "all" and solver["cuda_arch"] is None
+        assert solver["packages"] == ["sm7x-fa2-sm70", "sm7x-fa2-sm75"]
+        assert "no nvidia-virtual-packages plugin" in text
+        assert "conda install -n base nvidia-virtual-packages" in text
+        assert "picks sm7x-fa2 build 'sm75'" not in text
+
+
+def test_conda_found_through_conda_exe(fake_install, tmp_path, monkeypatch):
+    prefix, pkg = fake_install
+    base = _conda_base(tmp_path, plugin=False)
+    monkeypatch.setenv("CONDA_EXE", str(base / "bin" / "conda"))
+    info = doctor.collect([Device(0, "Tesla V100", (7, 0))], prefix=prefix, package_dir=pkg)
+    assert info["solver"]["variant"] == "all" and info["solver"]["client"]["base"] == str(base)
+
+
+@pytest.mark.parametrize("tool", ["micromamba", "mamba", "pixi"])
+def test_clients_that_detect_cuda_arch_themselves(fake_install, tool):
+    prefix, pkg = fake_install
+    if tool == "pixi":
+        (prefix / "conda-meta" / "pixi").write_text("{}")
+    else:
+        _made_by(prefix, f"/opt/{tool}/bin/{tool} create -n t4 sm7x")
+    info = doctor.collect([Device(0, "Tesla T4", (7, 5))], prefix=prefix, package_dir=pkg)
+    assert info["solver"]["client"] == {"name": tool, "sees_cuda_arch": True,
+                                        "how": f"{tool} detects __cuda_arch itself"}
+    assert info["solver"]["variant"] == "sm75"
+    assert f"with {tool} picks sm7x-fa2 build 'sm75'" in doctor.render(info)
+
+
+def test_unknown_client_notes_the_conda_plugin(fake_install):
+    prefix, pkg = fake_install
+    text = doctor.render(doctor.collect([Device(0, "Tesla T4", (7, 5))], prefix=prefix, package_dir=pkg))
+    assert "client    unknown" in text and "conda install -n base nvidia-virtual-packages" in text
 
 
 def test_solver_without_gpus_is_the_fallback(tmp_path):

@@ -49,7 +49,6 @@ def rendered():
 @pytest.mark.parametrize("variant_set", VARIANT_SETS)
 def test_recipe_agrees_with_targets(rendered, variant_set):
     outputs = rendered[variant_set]
-    version = recipe_version()
     arch_lists = {v["sm7x_cuda_archs"] for _, v in outputs if "sm7x_cuda_archs" in v}
     assert len(arch_lists) == 1, arch_lists
     in_variant = set(arch_lists.pop().split(";"))
@@ -69,18 +68,22 @@ def test_recipe_agrees_with_targets(rendered, variant_set):
     # plus the fallback; and what sm7x._select (the doctor) predicts from the same file
     selector = {v["sm7x_fa2_select"]: d for d, v in outputs if d["package"]["name"] == "sm7x-fa2"}
     assert set(selector) == {*built, "all"}
+    # ranks sit on top of build.number x 4 (the recipe's context build_num)
+    base = 4 * yaml.safe_load(RECIPE.read_text())["context"]["build_num"]
+
+    def pin(arch):  # the exact build of the same variant (pin_subpackage, exact=True)
+        return {"pin_subpackage": {"name": _select.package_name(arch), "exact": True}}
+
     for arch in built:
         d = selector[arch]
-        assert d["build"]["number"] == _targets.selector_build(arch)
-        assert d["requirements"]["run"] == [f"__cuda_arch {_targets.selector_cuda_arch(arch)}",
-                                            f"{_select.package_name(arch)} =={version}"]
+        assert d["build"]["number"] == base + _targets.selector_build(arch)
+        assert d["requirements"]["run"] == [f"__cuda_arch {_targets.selector_cuda_arch(arch)}", pin(arch)]
     fallback = selector["all"]
-    assert fallback["build"]["number"] == _targets.fallback_build(every_arch=built == _targets.archs())
-    assert sorted(fallback["requirements"]["run"]) == sorted(
-        f"{_select.package_name(a)} =={version}" for a in built)
+    assert fallback["build"]["number"] == base + _targets.fallback_build(every_arch=built == _targets.archs())
+    assert sorted(map(str, fallback["requirements"]["run"])) == sorted(str(pin(a)) for a in built)
     assert fallback["requirements"]["run_constraints"] == [f"__cuda_arch >={oldest}"]
     pick = _select.selector_pick(None, built)
-    assert (pick.variant, pick.build_number) == ("all", fallback["build"]["number"])
+    assert (pick.variant, base + pick.build_number) == ("all", fallback["build"]["number"])
 
 
 def test_targets_are_consistent():

@@ -1,11 +1,11 @@
-"""The vLLM plugin's packaging, without vLLM: the entry points the wheel (pyproject.toml)
-and the conda package (recipe/scripts/install_python.sh writes its dist-info) declare must
-be the same, and name functions that exist; importing the entry-point module stays free of
-torch and vLLM (vLLM imports it at every start, on any machine)."""
+"""The vLLM plugin's packaging, without vLLM: the entry points are declared once, in
+pyproject.toml (the conda package is installed from it with pip), and name functions that
+exist; the recipe's console-script entry point (the noarch launcher) is pyproject's;
+importing the entry-point module stays free of torch and vLLM (vLLM imports it at every
+start, on any machine)."""
 
 from __future__ import annotations
 
-import configparser
 import re
 import subprocess
 import sys
@@ -24,19 +24,23 @@ def pyproject_entry_points() -> dict[str, dict[str, str]]:
     return eps
 
 
-def conda_entry_points() -> dict[str, dict[str, str]]:
+def recipe_console_scripts() -> dict[str, str]:
+    recipe = (ROOT / "recipe/recipe.yaml").read_text()
+    block = re.search(r"\n      python:\n        entry_points:\n((?:          - .*\n)+)", recipe)
+    assert block, "recipe.yaml's sm7x output no longer declares entry_points"
+    pairs = re.findall(r"- (\S+) = (\S+)", block.group(1))
+    return dict(pairs)
+
+
+def test_conda_package_installs_from_pyproject():
     script = (ROOT / "recipe/scripts/install_python.sh").read_text()
-    body = re.search(r"<<'ENTRY_POINTS'\n(.*?)\nENTRY_POINTS\n", script, re.S)
-    assert body, "install_python.sh no longer writes entry_points.txt"
-    parser = configparser.ConfigParser(delimiters=("=",))
-    parser.optionxform = str
-    parser.read_string(body.group(1))
-    return {s: dict(parser[s]) for s in parser.sections()}
+    assert re.search(r'pip" install \. .*--no-deps', script) or "-m pip install . --no-deps" in script
+    assert "entry_points.txt" not in script, "the dist-info must come from pip, not be written by hand"
 
 
 def test_wheel_and_conda_package_declare_the_same_entry_points():
-    wheel, conda = pyproject_entry_points(), conda_entry_points()
-    assert wheel == conda
+    wheel = pyproject_entry_points()
+    assert recipe_console_scripts() == wheel["console_scripts"]
     assert wheel["vllm.general_plugins"] == {"sm7x": "sm7x.integrations.vllm:register"}
     assert wheel["vllm.platform_plugins"] == {"sm7x": "sm7x.integrations.vllm:platform_plugin"}
 

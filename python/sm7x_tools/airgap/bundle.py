@@ -232,8 +232,10 @@ def _write_explicit(path: Path, env: SolvedEnv, channel_url: str, created: str, 
         f"# specs: {', '.join(req.specs)}",
         f"# target virtual packages: {' '.join(env.virtual_packages)}",
         f"# made {created} by ./airgap.sh bundle (sm7x {tools['sm7x']}, py-rattler {tools['py-rattler']})",
-        "# Each line is URL#<sha256, 64 hex> (CEP 23; conda >= 24.9 and mamba 2 check it). Older conda",
-        "# cannot parse it ('Could not parse explicit URL'): update it, or use pixi.lock.",
+        "# Each line is URL#<sha256, 64 hex> (CEP 23). conda (26.7.1 checked) compares it for http(s)",
+        "# URLs but NOT for file:// URLs: verify a file:// bundle first (./airgap.sh verify BUNDLE, or",
+        "# cd BUNDLE && sha256sum -c SHA256SUMS), or serve its channel/ over http (bundle --base-url).",
+        "# conda older than 24.9 cannot parse the lines ('Could not parse explicit URL'): use pixi.lock.",
         f"# install: conda create -n {req.name} --file {req.name}.txt   (or micromamba create -n {req.name} -f ...)",
         f"# platform: {PLATFORM}",
         "@EXPLICIT",
@@ -388,7 +390,8 @@ def print_summary(result: BundleResult) -> None:
         console.print(f"  [bold]{n}[/]\n"
                       f"    pixi:       mkdir {n} && cp {out}/pixi.toml {out}/pixi.lock {n}/ && "
                       f"cd {n} && pixi install --frozen -e {n}\n"
-                      f"    conda:      conda create -n {n} --file {out}/envs/{n}.txt   (conda >= 24.9)\n"
+                      f"    conda:      conda create -n {n} --file {out}/envs/{n}.txt   (conda >= 24.9; "
+                      f"{'it does not check the sha256 of file:// URLs: verify first' if local else 'it checks the sha256s over http(s)'})\n"
                       f"    micromamba: micromamba create -n {n} -f {out}/envs/{n}.txt", soft_wrap=True)
-    console.print(f"  check it first: ./airgap.sh verify {out}; where only coreutils exist: "
-                  f"cd {out} && sha256sum -c --quiet {SHA256SUMS}", soft_wrap=True)
+    console.print(f"  check it first, before any install: ./airgap.sh verify {out}; where only coreutils "
+                  f"exist: cd {out} && sha256sum -c --quiet {SHA256SUMS}", soft_wrap=True)

@@ -10,7 +10,8 @@ once under the same file name:
   reproducibly; the first channel's file is kept and the table says so. The payload is
   what installing the package writes and is told, read from each archive itself (never
   from what it declares about itself): every file outside info/ (sha256 of its bytes, the
-  executable bit, a symlink's target), info/index.json apart from its build `timestamp`,
+  executable bit, a symlink's target), info/index.json apart from its build `timestamp`
+  (depends and constrains compared as sets),
   the install instructions of info/paths.json (type, sha256, size, prefix placeholder,
   no_link of every path) and info/link.json;
 - any other difference under one file name is refused, whatever the packages declare
@@ -60,6 +61,9 @@ from .verify import Report, verify
 
 # the build time: the one field of index.json that differs between two builds of one package
 IGNORED_INDEX_KEYS = ("timestamp",)
+# lists a solver reads as sets: rattler-build writes the run exports of several build
+# dependencies (the sysroot's __glibc, the compilers' libstdcxx/libgcc) in no fixed order
+ORDERLESS_INDEX_KEYS = ("depends", "constrains")
 
 
 @dataclass
@@ -90,7 +94,8 @@ def _payload(path: Path) -> tuple[dict, dict]:
     with tempfile.TemporaryDirectory(prefix="sm7x-merge-") as tmp:
         root = Path(tmp)
         extract(path, root)
-        index_json = {k: v for k, v in read_json(root / "info" / "index.json").items() if k not in IGNORED_INDEX_KEYS}
+        index_json = {k: sorted(v) if k in ORDERLESS_INDEX_KEYS and isinstance(v, list) else v
+                      for k, v in read_json(root / "info" / "index.json").items() if k not in IGNORED_INDEX_KEYS}
         files: dict[str, tuple] = {}
         for p in sorted(root.rglob("*")):
             rel = p.relative_to(root).as_posix()

@@ -27,7 +27,8 @@ from . import inputs
 RECIPES = Path(__file__).resolve().parent / "recipes"
 CHANNEL = STATE / "bootstrap" / "channel"
 # build order: later recipes solve against packages of earlier ones
-BOOTSTRAP_RECIPES = ["build-tools", "compilers", "cuda", "python", "pybind11", "torch-deps", "pytorch"]
+BOOTSTRAP_RECIPES = ["build-tools", "compilers", "sysroot", "cuda", "python", "python-build", "pybind11",
+                     "torch-deps", "pytorch"]
 
 
 REPRO = Path(__file__).resolve().parents[1] / "repro"  # how its packages are repacked

@@ -135,7 +135,9 @@ def summary(out, channels, seconds):
     chans = " ".join(f"-c {c}" for c in [out.as_uri(), *channels])
     console.print(f"done in {seconds:.0f} s. Install with:\n"
                   f"  conda create -n sm7x --override-channels {chans} sm7x python=3.11\n"
-                  f"  pixi init --channel {out.as_uri()} " + " ".join(f"--channel {c}" for c in channels) + " && pixi add sm7x")
+                  f"  pixi init --channel {out.as_uri()} " + " ".join(f"--channel {c}" for c in channels) + " && pixi add sm7x\n"
+                  "conda sees __cuda_arch only with the nvidia-virtual-packages plugin (conda install -n base "
+                  "nvidia-virtual-packages); without it every node gets sm7x-fa2's fallback with both FA2 libraries.")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from ..hashing import tree_digest
 # Everything the product recipe builds from, and nothing else: of the site tooling only
 # the ABI audit, which recipe/scripts/audit_libs.sh runs from the source tree (with the
 # package __init__ it imports); editing the rest of python/sm7x_tools changes no package.
-SOURCES = ["recipe/recipe.yaml", "recipe/scripts", "csrc", "python/sm7x", "patches", "pyproject.toml",
+SOURCES = ["recipe/recipe.yaml", "recipe/scripts", "csrc", "python/sm7x", "patches", "pyproject.toml", "LICENSE",
            "python/sm7x_tools/__init__.py", "python/sm7x_tools/audit"]
 # what drives the build besides the sources (and repacks its packages: repro/): a change
 # here rebuilds ./channel, but is not recorded in the packages

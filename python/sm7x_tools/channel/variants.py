@@ -20,6 +20,7 @@ VARIANTS = REPO / "variants"
 BOOTSTRAP_PYTHONS = BOOTSTRAP_RECIPES / "python" / "variants.yaml"
 KNOWN_KEYS = {"python", "python_min", "c_compiler", "c_compiler_version", "cxx_compiler",
               "cxx_compiler_version", "cuda_compiler", "cuda_compiler_version", "sm7x_cuda_archs",
+              "c_stdlib", "c_stdlib_version",  # ${{ stdlib('c') }}: the glibc floor
               "sm7x_fa2_select",
               "target_platform", "zip_keys"}
 DEFAULT = VARIANTS / "default.yaml"

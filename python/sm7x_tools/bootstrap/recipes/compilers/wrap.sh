@@ -11,9 +11,26 @@ if [[ "$found" != "$EXPECTED" ]]; then
   echo "error: $SYSTEM_BIN is $found but this package wraps $EXPECTED; update gcc_version in compilers/recipe.yaml" >&2
   exit 1
 fi
-mkdir -p "$PREFIX/bin" "$PREFIX/etc/conda/activate.d"
+mkdir -p "$PREFIX/bin" "$PREFIX/etc/conda/activate.d" "$PREFIX/share/$PKG_NAME"
+# With sysroot_linux-64 installed next to the wrapper (conda-forge's layout: conda-forge's
+# gcc finds its sysroot there too), compile and link against it: its glibc headers, its
+# link stubs ahead of the machine's libraries (-L; -rpath-link for the libraries'
+# own dependencies). libstdc++ and libgcc stay the compiler's (run dependencies).
+extra=""
+if [[ "$TOOL" == g++ ]]; then
+  install -Dm644 "$RECIPE_DIR/include/bits/c++config.h" "$PREFIX/share/$PKG_NAME/include/bits/c++config.h"
+  extra=" -isystem \"\$here/../share/$PKG_NAME/include\""
+fi
 for alias in $ALIASES; do
-  printf '#!/bin/sh\nexec %s "$@"\n' "$SYSTEM_BIN" > "$PREFIX/bin/$TRIPLET-$alias"
+  cat > "$PREFIX/bin/$TRIPLET-$alias" <<WRAPPER
+#!/bin/sh
+here=\$(dirname "\$0")
+sysroot="\$here/../x86_64-conda-linux-gnu/sysroot"
+if [ -d "\$sysroot" ]; then
+  exec $SYSTEM_BIN --sysroot="\$sysroot"$extra "\$@" -L"\$sysroot/usr/lib" -Wl,-rpath-link,"\$sysroot/usr/lib"
+fi
+exec $SYSTEM_BIN "\$@"
+WRAPPER
   chmod 755 "$PREFIX/bin/$TRIPLET-$alias"
 done
 main="$TRIPLET-${ALIASES%% *}"
