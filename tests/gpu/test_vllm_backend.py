@@ -33,23 +33,13 @@ torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
 if not torch.cuda.is_available():
     pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
 
+from fa2_reference import selected_arch  # noqa: E402
 from sm7x import _core_loader, _select  # noqa: E402
 
 
 def _why_not() -> str | None:
-    forced = os.environ.get(_select.FORCE_ENV, "").strip().lower()
-    if torch.cuda.get_device_capability() >= (8, 0) and forced not in _select.ARCHS:
-        return (f"GPU newer than Turing: set {_select.FORCE_ENV}=sm75 or {_select.FORCE_ENV}="
-                f"sm70 to run the backend's kernels through their PTX")
-    index = torch.cuda.current_device()
-    dev = _select.Device(index, torch.cuda.get_device_name(index),
-                         tuple(torch.cuda.get_device_capability(index)))
-    try:
-        sel = _select.select_fa2_library(dev)
-    except (_select.UnsupportedDeviceError, ValueError) as exc:
-        return f"sm7x FA2 does not run on this device: {exc}"
-    if all(a is None or _select.library_path(a) is None for a in (sel.arch, sel.fallback)):
-        return f"{sel.library} is not installed (set SM7X_LIBRARY_PATH to a build)"
+    if selected_arch()[0] is None:
+        return selected_arch()[1]
     if _core_loader.core_library_path() is None:
         return "sm7x-core (_core.abi3.so, the cache write) is not installed"
     return None
