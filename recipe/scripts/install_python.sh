@@ -6,10 +6,13 @@
 set -euo pipefail
 "$PYTHON" -m pip install . --no-deps --no-build-isolation --no-index -vv \
   --config-settings=wheel.cmake=false
-# the console script is the recipe's entry point (a noarch launcher), not pip's
-rm -f "$PREFIX/bin/sm7x"
-# pip records where it installed from (the build's work directory): not the user's business
 dist=("$SP_DIR"/sm7x-"$PKG_VERSION".dist-info)
+# the console script is the recipe's entry point (a noarch launcher), not pip's; its RECORD
+# line goes too (pip's script holds the build prefix in its shebang: its hash differed per
+# build directory, so the package was not reproducible)
+rm -f "$PREFIX/bin/sm7x"
+sed -i '/^\(\.\.\/\)*bin\/sm7x,/d' "${dist[0]}/RECORD"
+# pip records where it installed from (the build's work directory): not the user's business
 rm -f "${dist[0]}/direct_url.json"
 sed -i '/^sm7x-[^/]*\.dist-info\/direct_url\.json,/d' "${dist[0]}/RECORD"
 if find "$SP_DIR/sm7x" -name '*.so' | grep -q .; then

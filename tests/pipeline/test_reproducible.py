@@ -169,3 +169,32 @@ def _channel_is_of_this_tree() -> bool:
     source = source_digest([read_stamp(bootstrap.CHANNEL) or ""])
     want = channel_stamp(source, [REPO / "variants" / "default.yaml"], [bootstrap.CHANNEL.as_uri()])
     return read_stamp(channel) == want
+
+
+def test_run_exports_in_any_order_normalize_to_the_same_metadata():
+    """rattler-build lists run exports (the sysroot's __glibc, g++'s libstdcxx / libgcc) in
+    no fixed order: two builds differed only there, in index.json and the rendered recipe."""
+    from sm7x_tools.repro import normalize as N
+
+    items = [("__glibc >=2.28,<3.0.a0", "sysroot_linux-64"), ("libstdcxx >=12", "gxx_linux-64"),
+             ("libgcc >=12", "gxx_linux-64")]
+
+    def recipe(order):
+        lines = "".join(f"    - spec: {items[i][0]}\n      from: build\n      run_export: {items[i][1]}\n"
+                        for i in order)
+        return ("  host:\n    specs:\n    - variant: python\n      spec: python 3.12.*\n"
+                + lines + "    resolved: []\n").encode()
+
+    def index(order):
+        return json.dumps({"depends": ["python", *(items[i][0] for i in order)],
+                           "timestamp": 1}, indent=2).encode()
+
+    out = set()
+    for order in ((0, 1, 2), (2, 0, 1), (1, 2, 0)):
+        r = N._info(tarfile.TarInfo("info/recipe/rendered_recipe.yaml"), recipe(order), 7, {}, None, {})
+        i = N._info(tarfile.TarInfo("info/index.json"), index(order), 7, {}, None, {})
+        out.add((r, i))
+    assert len(out) == 1
+    (r, i), = out
+    assert json.loads(i)["timestamp"] == 7000
+    assert b"    - variant: python\n      spec: python 3.12.*\n    - spec: __glibc" in r  # others kept

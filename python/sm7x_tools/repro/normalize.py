@@ -8,7 +8,9 @@ A .conda is a stored zip of metadata.json, pkg-*.tar.zst (the files) and info-*.
   build machine's directories (machine_paths: output directory, source tree) replaced by
   fixed names, of the build machine's virtual packages the kernel, CPU and driver
   (__linux, __archspec, __cuda*) left out (they do not enter the build), and the map of
-  staged libraries to packages, which rattler-build writes in hash order, sorted,
+  staged libraries to packages, which rattler-build writes in hash order, sorted, and the
+  run exports (index.json's depends / constrains, the rendered recipe's run_export items),
+  which it lists in no fixed order, sorted,
 - the host prefix (rattler-build pads it to 255 bytes, and a file that holds it is listed
   in paths.json with it as prefix_placeholder, replaced at install time) replaced by a fixed
   one of the same length in those files and in paths.json, whose sha256s (of those files
@@ -45,6 +47,15 @@ _MACHINE_VPKG = re.compile(r"^\s*- (__linux|__archspec|__cuda|__cuda_arch)=.*\n"
 _INDEX_TIME = re.compile(r'("timestamp":\s*)\d+')
 # maps rattler-build writes in hash order: their "    key: value" lines, sorted
 _HASH_ORDERED = re.compile(r"^(staging_library_name_map:\n(?:  \S.*:\n)?)((?:    .*\n)+)", re.M)
+# run exports, which rattler-build lists in no fixed order: in the rendered recipe a run of
+# "- spec / from / run_export" items (sorted as items), in index.json depends/constrains
+_RUN_EXPORT_ITEM = r"- spec: .*\n(?P=ind)  from: .*\n(?P=ind)  run_export: .*\n"
+_RUN_EXPORTS = re.compile(r"^(?P<ind> *)" + _RUN_EXPORT_ITEM + r"(?:(?P=ind)" + _RUN_EXPORT_ITEM + r")*", re.M)
+
+
+def _sorted_run_exports(m: re.Match) -> str:
+    lines = m.group(0).splitlines(True)
+    return "".join(sorted("".join(lines[i:i + 3]) for i in range(0, len(lines), 3)))
 
 
 def normalize(pkg: Path, *, epoch: int, paths: dict[str, str]) -> None:
@@ -137,11 +148,17 @@ def _info(member, data, epoch, paths, prefix, new_sha):
     text = _BUILD_ID.sub(r"\1", text)
     if member.name == "info/index.json":
         text = _INDEX_TIME.sub(rf"\g<1>{epoch * 1000}", text)
+        doc = json.loads(text)
+        for key in ("depends", "constrains"):
+            if isinstance(doc.get(key), list):
+                doc[key] = sorted(doc[key])
+        text = json.dumps(doc, indent=2)
     elif member.name == "info/recipe/rendered_recipe.yaml":
         iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
         text = _BUILD_TIME.sub(rf"\g<1>{iso}", text)
         text = _MACHINE_VPKG.sub("", text)
         text = _HASH_ORDERED.sub(lambda m: m.group(1) + "".join(sorted(m.group(2).splitlines(True))), text)
+        text = _RUN_EXPORTS.sub(_sorted_run_exports, text)
     elif member.name == "info/paths.json" and new_sha:
         doc = json.loads(text)
         for entry in doc.get("paths", []):
