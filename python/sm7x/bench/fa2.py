@@ -26,6 +26,7 @@ import sys
 
 import torch
 
+from .. import _select
 from . import _output
 from .core import _time
 
@@ -61,13 +62,12 @@ def parse_gqa(text: str) -> tuple[tuple[int, int, int], ...]:
 
 def library_arch(device: int) -> str:
     """The FA2 library (sm70 / sm75) that sm7x runs on ``device``, as the API picks it."""
-    from .. import _select
     from ..fa2 import _device_info
 
     return _select.select_fa2_library(_device_info(torch.device("cuda", device))).arch
 
 
-def ceiling_tflops(arch: str, device: int, iters: int = 5, repeats: int = 10) -> float | None:
+def ceiling_tflops(device: int, iters: int = 5, repeats: int = 10) -> float | None:
     """TFLOP/s of the library's mma_peak loop on ``device`` (median of ``repeats``); None
     for a library built before it had the op (comparing an older build)."""
     from ..fa2 import _ops_for
@@ -85,7 +85,7 @@ def gpu_note(capability: tuple[int, int], arch: str, forced: str | None) -> str 
     """The first line's warning when what runs is not the card's own SASS."""
     if capability >= (8, 0):
         return (f"NOTE: this GPU (capability {capability[0]}.{capability[1]}) is newer than Turing: "
-                f"it runs the {arch} library's PTX, JIT-compiled (forced with SM7X_FA2_FORCE={forced}); "
+                f"it runs the {arch} library's PTX, JIT-compiled (forced with {_select.FORCE_ENV}={forced}); "
                 "these are not V100/T4 numbers" + (" (and Volta's mma.m8n8k4 is emulated here: "
                                                    "no sm70 speed can be read)" if arch == "sm70" else ""))
     return None
@@ -100,7 +100,7 @@ def run(seqlens=DEFAULT_SEQLENS, head_dims=DEFAULT_HEAD_DIMS, tokens: int = 1638
 
     dev = torch.cuda.current_device()
     arch = library_arch(dev)
-    ceiling = ceiling_tflops(arch, dev, iters, repeats)
+    ceiling = ceiling_tflops(dev, iters, repeats)
     rows = []
     for d, h, hk in cases(head_dims, gqa, head_elems):
         for s in seqlens:
@@ -122,7 +122,7 @@ def run(seqlens=DEFAULT_SEQLENS, head_dims=DEFAULT_HEAD_DIMS, tokens: int = 1638
                              "pct_ceiling": 100 * flops / ours / 1e12 / ceiling if ceiling else None})
             del q, k, v, qt, kt, vt
     cap = tuple(torch.cuda.get_device_capability(dev))
-    forced = os.environ.get("SM7X_FA2_FORCE")
+    forced = os.environ.get(_select.FORCE_ENV)
     return {"device": torch.cuda.get_device_name(dev), "capability": list(cap),
             "torch": torch.__version__, "forced": forced, "library": arch,
             "note": gpu_note(cap, arch, forced), "mma_ceiling_tflops": ceiling,
