@@ -172,11 +172,12 @@ def missing_library_error(selection: Selection, device: Device) -> MissingLibrar
     )
 
 
-def dtype_error(dtype_name: str) -> TypeError:
-    """The error for an unsupported dtype (to raise): these GPUs have fp16 tensor cores only."""
+def dtype_error(what: str, dtype_name: str) -> TypeError:
+    """The error for an unsupported dtype of ``what`` (e.g. "sm7x.fa2.flash_attn_func: q"),
+    to raise: these GPUs have fp16 tensor cores only."""
     return TypeError(
-        f"sm7x FA2 supports float16 only, got {dtype_name}: Volta and Turing have no bf16 "
-        f"tensor cores. Cast the inputs with .half() (e.g. q.half(), k.half(), v.half())"
+        f"{what} is {dtype_name}: sm7x FA2 supports float16 only (Volta and Turing have no "
+        f"bf16 tensor cores). Cast the inputs with .half() (e.g. q.half(), k.half(), v.half())"
     )
 
 

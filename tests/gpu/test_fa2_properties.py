@@ -25,6 +25,7 @@ ARCH, _why = selected_arch()
 if ARCH is None:
     pytest.skip(_why, allow_module_level=True)
 
+import sm7x.fa2  # noqa: E402
 from sm7x.fa2 import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -165,7 +166,7 @@ def test_bad_cu_seqlens_get_a_clear_error(kind, seed):
        seed=st.integers(0, 1 << 16))
 def test_direct_op_calls_with_a_broken_tensor_get_the_ops_message(op, kind, seed):
     """torch.ops.sm7x_fa2_<arch>.* called directly: the op's own check, never a crash."""
-    ops = getattr(torch.ops, f"sm7x_fa2_{ARCH}")
+    ops = sm7x.fa2._ops_for(torch.empty(1, device="cuda"))  # loads the library
     g = torch.Generator(device="cuda").manual_seed(seed)
     if op == "fwd":
         q, k, v = _randn((1, 16, 2, 64), g), _randn((1, 16, 2, 64), g), _randn((1, 16, 2, 64), g)

@@ -78,7 +78,7 @@ def _check_tensor(name: str, t, fn: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"sm7x.fa2.{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.float16:
-        raise _select.dtype_error(str(t.dtype).replace("torch.", ""))
+        raise _select.dtype_error(f"sm7x.fa2.{fn}: {name}", str(t.dtype).replace("torch.", ""))
 
 
 def _check_unsupported(fn: str, dropout_p, alibi_slopes) -> None:
