@@ -96,7 +96,7 @@ __device__ __forceinline__ uint4 ld_global_ordered(const void* p) {
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
+               : "l"(__cvta_generic_to_global(p))
                : "memory");
   return v;
 }
