@@ -62,7 +62,42 @@ int occupancy_from(int head_dim, bool wide) {
   }
 }
 
+template <std::size_t I = 0>
+int bwd_from(const BwdParams& p, cudaStream_t stream) {
+  if constexpr (I == kNumHeadDims) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  } else {
+    if (p.head_dim <= kCompiledHeadDims[I]) {
+      if (const int e = run_bwd_main<kCompiledHeadDims[I]>(p, stream)) return e;
+      return p.deterministic ? run_bwd_dq<kCompiledHeadDims[I]>(p, stream)
+                             : run_bwd_convert_dq(p, stream);
+    }
+    return bwd_from<I + 1>(p, stream);
+  }
+}
+
+// A template so that a library without backward kernels (kHasBwd false) never
+// instantiates bwd_from, whose run_bwd_* it does not define.
+template <bool HAS = kHasBwd>
+int bwd_all(const BwdParams& p, cudaStream_t stream) {
+  if constexpr (!HAS) {
+    return static_cast<int>(cudaErrorNotSupported);
+  } else {
+    if (const int e = run_bwd_preprocess(p, stream)) return e;
+    return bwd_from(p, stream);
+  }
+}
+
 }  // namespace
+
+bool bwd_supported(int head_dim) {
+  return kHasBwd && head_dim > 0 && head_dim % kHeadDimMultiple == 0 && head_dim <= kMaxHeadDim;
+}
+
+int bwd(const BwdParams& p, cudaStream_t stream) {
+  if (!bwd_supported(p.head_dim)) return static_cast<int>(cudaErrorInvalidValue);
+  return bwd_all(p, stream);
+}
 
 int serving_ctas_per_sm(int head_dim, bool wide) { return occupancy_from(head_dim, wide); }
 

@@ -75,6 +75,24 @@ struct FwdParams {
   int accum_rows;
 };
 
+// The backward (bwd.cu, <arch>/bwd_kernel.cuh): the forward's inputs (o = the forward's
+// output, lse its LSE) plus dO, the gradients and the fp32 work tensors.
+struct BwdParams : FwdParams {
+  const void* dout;  // like q
+  void* dq;          // like q
+  void* dk;          // like k
+  void* dv;          // like v
+  float* dq_accum;   // fp32, q's shape, contiguous, zeroed by the caller
+  float* dsum;       // fp32 like lse: rowsum(dO * O)
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t dsum_batch_stride, dsum_head_stride;
+  int64_t acc_batch_stride, acc_row_stride;  // dq_accum (head stride: head_dim)
+  bool deterministic;  // dQ by its own kernel (no atomics): bit-identical run to run
+};
+
 // Launches on `stream` (current device); returns a cudaError_t as int (0 = success).
 // One specialization per entry of kCompiledHeadDims (generated fwd_hdim*.cu).
 template <int kHeadDim>
@@ -110,6 +128,22 @@ int validate_serving(const FwdParams& p, cudaStream_t stream, bool* checked, int
 // write one float per thread to out; *flop is what they computed.
 constexpr int kMmaPeakThreads = 256;
 int run_mma_peak(float* out, int blocks, int iters, cudaStream_t stream, int64_t* flop);
+
+// The backward kernels of head dim kHeadDim (generated bwd_main_hdim*.cu, bwd_dq_hdim*.cu):
+// run_bwd_main: dK/dV (and, unless p.deterministic, dQ into p.dq_accum with atomics);
+// run_bwd_dq: the deterministic dQ kernel (writes p.dq).
+template <int kHeadDim>
+int run_bwd_main(const BwdParams& p, cudaStream_t stream);
+template <int kHeadDim>
+int run_bwd_dq(const BwdParams& p, cudaStream_t stream);
+// Whether this library has a backward for head_dim (kHasBwd: fa2.bwd_kernels.<arch>).
+bool bwd_supported(int head_dim);
+// The whole backward (dispatch.cu, bwd.cu): dsum = rowsum(dO * O), run_bwd of the
+// smallest compiled head dim >= p.head_dim, then dq = dq_accum * scale as fp16 (unless
+// deterministic). cudaErrorInvalidValue when the head dim has no backward kernel.
+int bwd(const BwdParams& p, cudaStream_t stream);
+int run_bwd_preprocess(const BwdParams& p, cudaStream_t stream);
+int run_bwd_convert_dq(const BwdParams& p, cudaStream_t stream);
 
 // run_fwd of the smallest compiled head dim >= p.head_dim (dispatch.cu);
 // cudaErrorInvalidValue when p.head_dim is larger than all of them.

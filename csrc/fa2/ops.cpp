@@ -21,6 +21,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "../core/check.h"
 #include "../core/cuda_stream.h"
@@ -279,6 +280,175 @@ void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor 
   launch(op, q, p);
 }
 
+
+// ---- Backward: dq, dk, dv from dout and the forward's q, k, v, out, lse.
+
+// A tensor with exactly ref's shape (named for the message).
+void check_same_shape(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref) {
+  bool same = t.dim() == ref.dim();
+  for (int64_t d = 0; same && d < t.dim(); ++d) same = t.size(d) == ref.size(d);
+  FA2_CHECK(same, op, name, " has shape ", shape_str(t), " but must have ", ref_name,
+            "'s shape ", shape_str(ref));
+}
+
+// dout, dq like q; dk like k; dv like v (fp16, same layout rules); dq_accum fp32
+// contiguous like q; dsum fp32 like lse.
+void check_grads(const char* op, const Tensor& dout, const Tensor& q, const Tensor& k,
+                 const Tensor& v, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                 const Tensor& dv, const Tensor& dq_accum, const Tensor& dsum) {
+  for (auto [n, t, rn, r] : {std::tuple<const char*, const Tensor*, const char*, const Tensor*>{
+                                 "dout", &dout, "q", &q},
+                             {"dq", &dq, "q", &q}, {"dk", &dk, "k", &k}, {"dv", &dv, "v", &v}}) {
+    check_cuda(op, n, *t, q);
+    check_half(op, n, *t);
+    check_same_shape(op, n, *t, rn, *r);
+    check_layout(op, n, *t);
+  }
+  check_cuda(op, "dq_accum", dq_accum, q);
+  FA2_CHECK(dq_accum.scalar_type() == ScalarType::Float, op, "dq_accum has dtype ",
+            scalar_name(dq_accum.scalar_type()), "; it must be float32");
+  check_same_shape(op, "dq_accum", dq_accum, "q", q);
+  FA2_CHECK(dq_accum.is_contiguous(), op, "dq_accum (strides ", strides_str(dq_accum),
+            ") must be contiguous");
+  FA2_CHECK(reinterpret_cast<uintptr_t>(dq_accum.const_data_ptr()) % 16 == 0, op,
+            "dq_accum must be 16-byte aligned (allocate it with torch.zeros)");
+  check_cuda(op, "dsum", dsum, q);
+  FA2_CHECK(dsum.scalar_type() == ScalarType::Float, op, "dsum has dtype ",
+            scalar_name(dsum.scalar_type()), "; it must be float32");
+  check_same_shape(op, "dsum", dsum, "lse", lse);
+  FA2_CHECK(dsum.stride(dsum.dim() - 1) == 1 || dsum.size(dsum.dim() - 1) <= 1, op,
+            "dsum must have a contiguous last dimension; pass a contiguous tensor");
+}
+
+// The head dim must have a backward kernel in this library (kHasBwd).
+void check_bwd_head_dim(const char* op, int hd) {
+  FA2_CHECK(kHasBwd, op, "the FlashAttention-2 backward is not yet supported on ",
+            SM7X_FA2_ARCH, " (this library has forward kernels only); compute gradients "
+            "with torch.nn.functional.scaled_dot_product_attention instead");
+  FA2_CHECK(bwd_supported(hd), op, "head dim ", hd, " has no backward kernel on ",
+            SM7X_FA2_ARCH, " (compiled head dims: ", head_dims_text(), ")");
+}
+
+// What both backward ops fill alike (lead as in base_params).
+BwdParams bwd_params(const char* op, const Tensor& dout, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dq,
+                     const Tensor& dk, const Tensor& dv, const Tensor& dq_accum,
+                     const Tensor& dsum, const Common& c, int64_t batch, int lead) {
+  BwdParams p{};
+  static_cast<FwdParams&>(p) = base_params(op, q, k, v, out, lse, c, batch, lead);
+  FA2_CHECK(c.kv_heads <= 65535, op, "num_kv_heads (", c.kv_heads,
+            ") must be at most 65535 (CUDA grid limit)");
+  const int r = lead - 1;
+  p.dout = dout.const_data_ptr();
+  p.dq = dq.mutable_data_ptr();
+  p.dk = dk.mutable_data_ptr();
+  p.dv = dv.mutable_data_ptr();
+  p.dq_accum = static_cast<float*>(dq_accum.mutable_data_ptr());
+  p.dsum = static_cast<float*>(dsum.mutable_data_ptr());
+  p.do_batch_stride = lead == 2 ? dout.stride(0) : 0;
+  p.dq_batch_stride = lead == 2 ? dq.stride(0) : 0;
+  p.dk_batch_stride = lead == 2 ? dk.stride(0) : 0;
+  p.dv_batch_stride = lead == 2 ? dv.stride(0) : 0;
+  p.acc_batch_stride = lead == 2 ? dq_accum.stride(0) : 0;
+  p.do_row_stride = dout.stride(r);
+  p.dq_row_stride = dq.stride(r);
+  p.dk_row_stride = dk.stride(r);
+  p.dv_row_stride = dv.stride(r);
+  p.acc_row_stride = dq_accum.stride(r);
+  p.do_head_stride = dout.stride(r + 1);
+  p.dq_head_stride = dq.stride(r + 1);
+  p.dk_head_stride = dk.stride(r + 1);
+  p.dv_head_stride = dv.stride(r + 1);
+  return p;
+}
+
+void launch_bwd(const char* op, const Tensor& q, BwdParams& p, bool deterministic) {
+  p.deterministic = deterministic;
+  torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
+  const int err = sm7x::fa2::bwd(p, current_stream(op, q));
+  FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
+}
+
+void bwd_op(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dq,
+            Tensor dk, Tensor dv, Tensor dq_accum, Tensor dsum, double softmax_scale,
+            bool causal, int64_t window_left, int64_t window_right, double softcap,
+            bool deterministic) {
+  const char* op = "bwd";
+  const Common c = check_qkv(op, q, k, v, out, 2, "[batch, seqlen, num_heads, head_dim]");
+  FA2_CHECK(k.size(0) == q.size(0), op, "q has batch ", q.size(0), " but k has ", k.size(0));
+  const int64_t B = q.size(0), sq = q.size(1), sk = k.size(1);
+  check_lse(op, lse, q, B, c.heads, sq, 3, "[batch, num_heads, seqlen_q]");
+  check_grads(op, dout, q, k, v, lse, dq, dk, dv, dq_accum, dsum);
+  check_options(op, softmax_scale, window_left, window_right, softcap);
+  check_bwd_head_dim(op, c.head_dim);
+  check_int32(op, "batch", B);
+  check_int32(op, "seqlen_q", sq);
+  check_int32(op, "seqlen_k", sk);
+  check_int32(op, "batch * seqlen_q", B * sq);
+  if (B == 0 || c.heads == 0) return;
+  BwdParams p = bwd_params(op, dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, c, B, 2);
+  p.lse_batch_stride = lse.stride(0);
+  p.lse_head_stride = lse.stride(1);
+  p.dsum_batch_stride = dsum.stride(0);
+  p.dsum_head_stride = dsum.stride(1);
+  p.seqlen_q = static_cast<int>(sq);
+  p.seqlen_k = static_cast<int>(sk);
+  p.total_q = static_cast<int>(B * sq);
+  fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
+  launch_bwd(op, q, p, deterministic);
+}
+
+void bwd_varlen_op(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                   Tensor dq, Tensor dk, Tensor dv, Tensor dq_accum, Tensor dsum,
+                   Tensor cu_seqlens_q, Tensor cu_seqlens_k, int64_t max_seqlen_q,
+                   int64_t max_seqlen_k, double softmax_scale, bool causal,
+                   int64_t window_left, int64_t window_right, double softcap,
+                   bool deterministic) {
+  const char* op = "bwd_varlen";
+  const Common c = check_qkv(op, q, k, v, out, 1, "[total_tokens, num_heads, head_dim]");
+  const int64_t total_q = q.size(0);
+  check_lse(op, lse, q, 0, c.heads, total_q, 2, "[num_heads, total_q]");
+  check_grads(op, dout, q, k, v, lse, dq, dk, dv, dq_accum, dsum);
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"cu_seqlens_q", &cu_seqlens_q},
+                      {"cu_seqlens_k", &cu_seqlens_k}}) {
+    check_cuda(op, n, *t, q);
+    FA2_CHECK(t->scalar_type() == ScalarType::Int, op, n, " has dtype ",
+              scalar_name(t->scalar_type()), "; it must be int32 (cast with .int())");
+    FA2_CHECK(t->dim() == 1 && t->size(0) >= 1, op, n, " must be 1-D [batch + 1], got shape ",
+              shape_str(*t));
+    FA2_CHECK(t->is_contiguous(), op, n, " must be contiguous");
+  }
+  FA2_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0), op, "cu_seqlens_q has ",
+            cu_seqlens_q.size(0), " entries but cu_seqlens_k has ", cu_seqlens_k.size(0),
+            "; both must be [batch + 1]");
+  FA2_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, op, "max_seqlen_q/max_seqlen_k must be >= 0");
+  check_options(op, softmax_scale, window_left, window_right, softcap);
+  check_bwd_head_dim(op, c.head_dim);
+  check_int32(op, "total_q", total_q);
+  check_int32(op, "total_k", k.size(0));
+  check_int32(op, "max_seqlen_q", max_seqlen_q);
+  check_int32(op, "max_seqlen_k", max_seqlen_k);
+  const int64_t B = cu_seqlens_q.size(0) - 1;
+  if (B == 0 || c.heads == 0) return;
+  BwdParams p = bwd_params(op, dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, c, B, 1);
+  p.lse_batch_stride = 0;
+  p.lse_head_stride = lse.stride(0);
+  p.dsum_batch_stride = 0;
+  p.dsum_head_stride = dsum.stride(0);
+  p.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q.const_data_ptr());
+  p.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k.const_data_ptr());
+  p.seqlen_q = static_cast<int>(max_seqlen_q);
+  p.seqlen_k = static_cast<int>(max_seqlen_k);
+  p.total_q = static_cast<int>(total_q);
+  fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
+  launch_bwd(op, q, p, deterministic);
+}
+
+bool bwd_supported_op(int64_t head_dim) {
+  return head_dim > 0 && head_dim <= kMaxHeadDim &&
+         sm7x::fa2::bwd_supported(static_cast<int>(head_dim));
+}
 
 // ---- Serving: q against a paged or contiguous KV cache, packed GQA rows, split-KV.
 
@@ -555,6 +725,17 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
       "Tensor(c!) o_accum, Tensor(d!) lse_accum, int max_seqlen_q, int seqlen_k, "
       "int seqused_add, float softmax_scale, bool causal, int window_left, int window_right, "
       "float softcap) -> ()");
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, "
+      "Tensor(b!) dk, Tensor(c!) dv, Tensor(d!) dq_accum, Tensor(e!) dsum, float softmax_scale, "
+      "bool causal, int window_left, int window_right, float softcap, bool deterministic) -> ()");
+  m.def(
+      "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, Tensor(d!) dq_accum, Tensor(e!) dsum, "
+      "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+      "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
+      "bool deterministic) -> ()");
+  m.def("bwd_supported(int head_dim) -> bool");
   m.def("serving_ctas_per_sm(int device, int head_dim, bool wide) -> int");
   m.def("mma_peak(Tensor(a!) out, int iters) -> int");
 }
@@ -565,6 +746,8 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
   m.impl("fwd", TORCH_BOX(&sm7x::fa2::fwd_op));            \
   m.impl("fwd_varlen", TORCH_BOX(&sm7x::fa2::fwd_varlen_op));  \
   m.impl("fwd_serving", TORCH_BOX(&sm7x::fa2::fwd_serving_op)); \
+  m.impl("bwd", TORCH_BOX(&sm7x::fa2::bwd_op));            \
+  m.impl("bwd_varlen", TORCH_BOX(&sm7x::fa2::bwd_varlen_op));  \
   m.impl("mma_peak", TORCH_BOX(&sm7x::fa2::mma_peak_op))
 
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CUDA, m) { SM7X_FA2_IMPLS(m); }
@@ -572,4 +755,5 @@ SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CPU, m) { SM7X_FA2_IMPLS(m); }
 // No tensor argument to dispatch on: one kernel for every backend.
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CompositeExplicitAutograd, m) {
   m.impl("serving_ctas_per_sm", TORCH_BOX(&sm7x::fa2::serving_ctas_per_sm_op));
+  m.impl("bwd_supported", TORCH_BOX(&sm7x::fa2::bwd_supported_op));
 }

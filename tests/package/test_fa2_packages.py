@@ -184,3 +184,72 @@ def test_static_tile_analysis_of_the_shipped_sass(env, arch):
     assert found == set(expected_kernels(arch, fa2)), found
     bad = [s for s in stats if not s.tensor_flop_matches or s.blocks_per_sm < 1]
     assert not bad, bad
+
+
+# The backward kernels (fa2.bwd_kernels.<arch>, csrc/fa2/README.md "Backward"): BwdConfig<D,
+# block_n, block_m, dq_block_m, dq_block_n, split>; bwd_kernel<Config, mode> (mode 0: dK, dV
+# and dQ; split: 1 = dV, 2 = dK and dQ) and bwd_dq_kernel<Config> (deterministic dQ).
+BWD_KERNEL = re.compile(r"(bwd_kernel|bwd_dq_kernel)INS1_9BwdConfigILi(\d+)ELi(\d+)ELi(\d+)"
+                        r"ELi(\d+)ELi(\d+)ELb([01])EE(?:ELi(\d)E)?")
+
+
+def bwd_kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list[str]:
+    """Per entry of fa2.bwd_kernels.<arch>: its kernels are in the library (bwd_kernel once,
+    or twice with split; bwd_dq_kernel once), fit the card (registers x threads, shared
+    memory), keep nothing in local memory and run on tensor cores."""
+    limits = fa2["card_limits"][arch]
+    res, sass = kernels.resources(res_text), kernels.sass_functions(sass_text)
+    found: dict[tuple, list[str]] = {}
+    for name in res:
+        m = BWD_KERNEL.search(name)
+        if m:
+            found.setdefault((m.group(1),) + tuple(int(x) for x in m.group(2, 3, 4)), []).append(name)
+    problems = []
+    for e in fa2.get("bwd_kernels", {}).get(arch, []):
+        d = e["head_dim"]
+        for kind, bm, bn, threads, smem_dyn, count in (
+                ("bwd_kernel", e["block_n"], e["block_m"], e["threads"], e["smem_bytes"],
+                 2 if e.get("split") else 1),
+                ("bwd_dq_kernel", e["block_n"], e["block_m"], e["dq_threads"],
+                 e["dq_smem_bytes"], 1)):
+            what = f"{arch} d={d} {kind}"
+            names = found.pop((kind, d, bm, bn), [])
+            if len(names) != count:
+                problems.append(f"{what}: {len(names)} kernels in the library, want {count}")
+                continue
+            for name in names:
+                r = res[name]
+                regs = -(-r["reg"] // REG_GRANULE) * REG_GRANULE * threads
+                if regs > limits["regs_per_block"]:
+                    problems.append(f"{what}: {r['reg']} registers x {threads} threads > "
+                                    f"{limits['regs_per_block']} per block")
+                if r["shared"] + smem_dyn > limits["smem_per_block"]:
+                    problems.append(f"{what}: {r['shared'] + smem_dyn} bytes of shared memory")
+                if r["local"] or r["stack"]:
+                    problems.append(f"{what}: local memory (spills) {r}")
+                ops = [op for _, op, _ in sass.get(name, [])]
+                if not any(op.startswith(ARCHS[arch][0]) for op in ops):
+                    problems.append(f"{what}: no {ARCHS[arch][0]} in its SASS")
+    problems += [f"{arch} {key}: backward kernel not in targets.json" for key in found]
+    return problems
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_backward_kernel_of_the_table_is_built_and_fits_the_card(env, arch):
+    problems = bwd_kernel_problems(arch, cuobjdump(env, "-res-usage", arch),
+                                   cuobjdump(env, "-sass", arch), fa2_table(env))
+    assert not problems, "\n".join(problems)
+
+
+# Issue 16: each FA2 package (forward + backward of every head dim) stays under 10 MB.
+MAX_FA2_PACKAGE_BYTES = 10 * 1000 * 1000
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fa2_package_size(arch):
+    data = json.loads((CHANNEL / "linux-64" / "repodata.json").read_text())["packages.conda"]
+    for fn, rec in data.items():
+        if rec["name"] == f"sm7x-fa2-{arch}":
+            size = (CHANNEL / "linux-64" / fn).stat().st_size
+            assert size == rec["size"] and size < MAX_FA2_PACKAGE_BYTES, \
+                f"{fn}: {size / 1e6:.2f} MB (limit {MAX_FA2_PACKAGE_BYTES / 1e6:.0f} MB)"

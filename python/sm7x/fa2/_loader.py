@@ -51,8 +51,19 @@ def _register_fakes(torch, namespace: str) -> None:
     def fake_fwd_serving(*args):
         return None
 
+    # The backward ops write dq, dk, dv, dq_accum and dsum in place.
+    def fake_bwd(dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, softmax_scale, causal,
+                 window_left, window_right, softcap, deterministic):
+        return None
+
+    def fake_bwd_varlen(dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, cu_seqlens_q,
+                        cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                        window_left, window_right, softcap, deterministic):
+        return None
+
     for name, fn in (("fwd", fake_fwd), ("fwd_varlen", fake_fwd_varlen),
-                     ("fwd_serving", fake_fwd_serving)):
+                     ("fwd_serving", fake_fwd_serving), ("bwd", fake_bwd),
+                     ("bwd_varlen", fake_bwd_varlen)):
         try:
             torch.library.register_fake(f"{namespace}::{name}")(fn)
         except RuntimeError as exc:  # registered before, or an op this build lacks

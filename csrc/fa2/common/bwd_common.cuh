@@ -1,0 +1,197 @@
+// What the backward kernels of both archs share (sm70/ and sm75/ bwd_kernel.cuh): the
+// config, the row offsets of every tensor of a (batch, head), the query tiles a key block
+// is seen by, synchronous tile copies and the launchers. The algorithm is FA2's:
+//   P  = exp(S - LSE)            recomputed from Q, K and the forward's LSE
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - dsum) [* (1 - tanh^2) with softcap]
+//   dK = scale * dS^T Q,  dQ = scale * dS K
+// with dsum = rowsum(dO * O) (bwd.cu). One CTA per (key block, kv head, batch) holds its
+// dK/dV in registers and walks the query tiles of every query head of its GQA group, so
+// dK/dV need no atomics. dQ: atomicAdd into fp32 dq_accum (then bwd.cu converts), or with
+// p.deterministic a second kernel per query block that walks the key blocks in order.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fa2.h"
+
+namespace sm7x {
+namespace fa2 {
+
+// BN keys per CTA (16 per warp), BM queries per tile; the deterministic dQ kernel: DQ_BM
+// queries per CTA (16 per warp), DQ_BN keys per tile. SPLIT: dV in one pass, dK and dQ in a
+// second (d = 256: dK and dV together would need 256 fp32 registers per thread).
+template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT>
+struct BwdShape {
+  static constexpr int kHeadDim = D;
+  static constexpr int kBlockN = BN;
+  static constexpr int kBlockM = BM;
+  static constexpr int kDqBlockM = DQ_BM;
+  static constexpr int kDqBlockN = DQ_BN;
+  static constexpr bool kSplit = SPLIT;
+  static constexpr int kWarps = BN / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kDqWarps = DQ_BM / 16;
+  static constexpr int kDqThreads = kDqWarps * 32;
+  static constexpr int kStride = D + 8;    // fp16 tile rows (16-byte pad: no bank conflicts)
+  static constexpr int kDsStride = BM + 8;  // dS^T [BN][BM + 8]
+  static constexpr int kChunks = D / 8;
+  static_assert(D % 16 == 0 && D <= 256, "head dim: a multiple of 16, at most 256");
+  static_assert(BN % 16 == 0 && BM % 16 == 0 && DQ_BM % 16 == 0 && DQ_BN % 16 == 0,
+                "tiles: multiples of 16");
+  static_assert(BM <= kThreads, "the LSE / dsum of a query tile: one thread per row");
+  // 16-byte loads per thread in flight while copying a tile (0: unbounded): next to the
+  // d >= 112 accumulators, unbounded copies spilled registers
+  static constexpr int kCopyBatch = D >= 112 ? 4 : 0;
+  static constexpr int kDqCopyBatch = 0;
+  // Columns of dQ a CTA of the deterministic dQ kernel accumulates (d = 256: half, in two
+  // CTAs that both compute S and dP: 128 accumulators per thread instead of 256 fit)
+  static constexpr int kDqCols = D > 128 ? D / 2 : D;
+};
+
+namespace detail {
+
+enum BwdMode { kBwdAll = 0, kBwdDv = 1, kBwdDkDq = 2 };
+
+// Element offsets of a (batch, head)'s first row: batched b * batch_stride, varlen the
+// sequence's first token * row_stride.
+struct BwdRows {
+  int sq, sk;
+  int qb, kb;  // batch index (batched) or 0
+  int qs, ks;  // first token (varlen) or 0
+};
+__device__ __forceinline__ BwdRows bwd_rows(const BwdParams& p, int b) {
+  BwdRows r;
+  if (p.cu_seqlens_q != nullptr) {
+    r.qs = p.cu_seqlens_q[b];
+    r.ks = p.cu_seqlens_k[b];
+    r.sq = p.cu_seqlens_q[b + 1] - r.qs;
+    r.sk = p.cu_seqlens_k[b + 1] - r.ks;
+    r.qb = r.kb = 0;
+  } else {
+    r.qs = r.ks = 0;
+    r.sq = p.seqlen_q;
+    r.sk = p.seqlen_k;
+    r.qb = r.kb = b;
+  }
+  return r;
+}
+__device__ __forceinline__ int64_t q_like(const BwdRows& r, int h, int64_t bs, int64_t rs,
+                                          int64_t hs) {
+  return (int64_t)r.qb * bs + (int64_t)r.qs * rs + (int64_t)h * hs;
+}
+__device__ __forceinline__ int64_t k_like(const BwdRows& r, int h, int64_t bs, int64_t rs,
+                                          int64_t hs) {
+  return (int64_t)r.kb * bs + (int64_t)r.ks * rs + (int64_t)h * hs;
+}
+
+// The copies of bounded batches (BATCH > 0) store through generic addresses and load with
+// plain ld.global: ptxas must then assume a store may alias the next batch's loads and
+// keeps them behind it, so at most BATCH 16-byte loads (4 registers each) are in flight
+// next to accumulators that fill the register file. (Empty asm dependencies do not reach
+// ptxas; __ldg + st.shared are reordered freely.)
+__device__ __forceinline__ uint4 ld_global_ordered(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(__cvta_generic_to_global(p))
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_generic_ordered(void* p, const uint4& v) {
+  asm volatile("st.v4.u32 [%0], {%1, %2, %3, %4};\n"
+               :
+               : "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// Rows [r0, r0 + ROWS) x the head dim of a fp16 tile, global -> shared (row stride ST);
+// rows >= n and chunks past head_dim are zeros. Synchronous: the caller syncs. BATCH > 0:
+// at most BATCH 16-byte loads per thread in flight (see ld_global_ordered).
+template <int ROWS, int THREADS, int D, int ST, int BATCH>
+__device__ __forceinline__ void copy_rows(__half* s, const __half* g, int64_t row_stride,
+                                          int r0, int n, int head_dim, int tid) {
+  constexpr int CH = D / 8, TOTAL = ROWS * CH, IT = (TOTAL + THREADS - 1) / THREADS;
+  constexpr int B = BATCH == 0 || BATCH > IT ? IT : BATCH;
+#pragma unroll
+  for (int i0 = 0; i0 < IT; i0 += B) {
+    uint4 v[B];
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      const int idx = tid + (i0 + j) * THREADS;
+      v[j] = make_uint4(0, 0, 0, 0);
+      if (i0 + j < IT && (TOTAL % THREADS == 0 || idx < TOTAL)) {
+        const int row = idx / CH, c = idx % CH;
+        if (r0 + row < n && c * 8 < head_dim) {
+          const __half* src = g + (int64_t)(r0 + row) * row_stride + c * 8;
+          if constexpr (BATCH != 0)
+            v[j] = ld_global_ordered(src);
+          else
+            v[j] = __ldg(reinterpret_cast<const uint4*>(src));
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      const int idx = tid + (i0 + j) * THREADS;
+      if (i0 + j < IT && (TOTAL % THREADS == 0 || idx < TOTAL)) {
+        const int row = idx / CH, c = idx % CH;
+        if constexpr (BATCH != 0)
+          st_generic_ordered(s + row * ST + c * 8, v[j]);
+        else
+          *reinterpret_cast<uint4*>(s + row * ST + c * 8) = v[j];
+      }
+    }
+  }
+}
+
+// LSE in base 2 for exp2: rows past the sequence and rows that saw no key (the forward
+// writes +inf; -inf or NaN treated alike) get +inf, so that their P, and with it every
+// gradient they add, is exactly 0.
+__device__ __forceinline__ float lse_log2(float lse) {
+  return (lse > -INFINITY && lse < INFINITY) ? lse * 1.4426950408889634f : INFINITY;
+}
+
+// Query rows [m_lo, m_hi) that see one of keys [n0, n_last] (bottom-right aligned window:
+// row i sees key j iff i + off - left <= j <= i + off + right, off = sk - sq).
+__device__ __forceinline__ void query_range(const FwdParams& p, int n0, int n_last, int sq,
+                                            int off, int& m_lo, int& m_hi) {
+  m_lo = 0;
+  m_hi = sq;
+  if (p.window_right >= 0) m_lo = max(0, n0 - off - p.window_right);
+  if (p.window_left >= 0) m_hi = min(sq, n_last - off + p.window_left + 1);
+}
+
+template <class Kernel>
+int set_smem_bytes(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024)
+    return static_cast<int>(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  return 0;
+}
+
+// Grid (key blocks, kv heads, batch): seqlen_k is max_seqlen_k for varlen.
+template <class C, class Kernel>
+int launch_bwd(Kernel kernel, const BwdParams& p, cudaStream_t stream) {
+  const int nblocks = (p.seqlen_k + C::kBlockN - 1) / C::kBlockN;
+  if (nblocks == 0 || p.batch == 0 || p.kv_heads == 0) return 0;
+  if (const int e = set_smem_bytes(kernel, C::kSmemBytes)) return e;
+  kernel<<<dim3(nblocks, p.kv_heads, p.batch), C::kThreads, C::kSmemBytes, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Grid (query blocks, heads, batch) of the deterministic dQ kernel.
+template <class C, class Kernel>
+int launch_bwd_dq(Kernel kernel, const BwdParams& p, cudaStream_t stream) {
+  const int mblocks = (p.seqlen_q + C::kDqBlockM - 1) / C::kDqBlockM;
+  if (mblocks == 0 || p.batch == 0 || p.heads == 0) return 0;
+  if (const int e = set_smem_bytes(kernel, C::kDqSmemBytes)) return e;
+  kernel<<<dim3(mblocks * (C::kHeadDim / C::kDqCols), p.heads, p.batch), C::kDqThreads, C::kDqSmemBytes, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace detail
+}  // namespace fa2
+}  // namespace sm7x

@@ -1,0 +1,522 @@
+// FlashAttention-2 backward kernels for Turing (sm_75): mma.m16n8k8 + ldmatrix, as the
+// forward (fwd_kernel.cuh). Algorithm and work split: common/bwd_common.cuh.
+//
+// bwd_kernel: one CTA per (BN keys, kv head, batch), warp w owning keys 16w .. 16w + 15,
+// so everything is computed transposed (keys are the MMA rows):
+//   S^T = K Q^T, dP^T = V dO^T   A = the warp's K / V rows (ldmatrix), B = Q / dO as stored
+//   P^T, dS^T                    elementwise in the accumulators (LSE, dsum per column)
+//   dV += P^T dO, dK += dS^T Q   P^T / dS^T packed to fp16 are the A fragments (as P in
+//                                the forward), B = dO / Q through ldmatrix.trans
+//   dQ += dS K                   dS^T staged in shared memory (fp16), read back as A with
+//                                ldmatrix.trans; fp32 atomics into dq_accum
+// bwd_dq_kernel (deterministic): one CTA per (DQ_BM queries, head, batch), warp = 16 query
+// rows, as the forward: S = Q K^T, dP = dO V^T, dS, dQ += dS K in registers, key tiles in
+// ascending order; writes dq itself (fp16, times the scale).
+// Tiles are copied synchronously (no register prefetch): with dK/dV held in registers
+// there are none to spare for staging.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/bwd_common.cuh"
+#include "common/mask.cuh"
+#include "common/ptx.cuh"
+#include "common/softmax.cuh"
+#include "fa2.h"
+
+namespace sm7x {
+namespace fa2 {
+namespace sm75 {
+
+template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT>
+struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT> {
+  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT>;
+  // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; LSE, dsum [BM] fp32
+  static constexpr int kSmemBytes =
+      (2 * BN + 2 * BM) * S::kStride * 2 + BN * S::kDsStride * 2 + 2 * BM * 4;
+  // Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8]
+  static constexpr int kDqSmemBytes = (2 * DQ_BM + 2 * DQ_BN) * S::kStride * 2;
+  // dQ of a query tile: BM / 16 slices x D / 8 n8 tiles spread over the warps
+  static constexpr int kSlices = BM / 16;
+  static constexpr int kWarpsPerSlice = S::kWarps >= kSlices ? S::kWarps / kSlices : 1;
+  static constexpr int kSlicesPerWarp = S::kWarps >= kSlices ? 1 : kSlices / S::kWarps;
+  static constexpr int kDqTiles = D / 8 / kWarpsPerSlice;  // n8 tiles per warp and slice
+  // n8 tiles accumulated at a time (pairs: one ldmatrix.x4.trans of K feeds two)
+  // (odd counts: the last tile through ldmatrix.x2.trans)
+  static constexpr int kDqChunk =
+      kDqTiles % 8 == 0 ? 8 : kDqTiles % 4 == 0 ? 4 : kDqTiles % 2 == 0 ? 2 : kDqTiles;
+  static_assert(S::kWarps % kSlices == 0 || kSlices % S::kWarps == 0,
+                "warps and query slices of a tile must divide one another");
+  static_assert(D / 8 % kWarpsPerSlice == 0, "dQ: the warps of a slice split its n8 tiles evenly");
+};
+
+// ldmatrix from a 32-bit shared address: every fragment address is a base per tile plus
+// a constant that ptxas folds into the instruction.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2_t(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+
+template <class C, int MODE>
+__global__ void __launch_bounds__(C::kThreads) bwd_kernel(const BwdParams p) {
+  using namespace detail;
+  constexpr int D = C::kHeadDim, BN = C::kBlockN, BM = C::kBlockM, ST = C::kStride;
+  constexpr int SD = C::kDsStride, NQ = BM / 8, DT = D / 8, T = C::kThreads;
+  constexpr int KKU = 1;  // kk loops: full unrolling only adds registers
+  constexpr bool kDv = MODE != kBwdDkDq, kDk = MODE != kBwdDv;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* const sK = reinterpret_cast<__half*>(smem_raw);
+  __half* const sV = sK + BN * ST;
+  __half* const sQ = sV + BN * ST;
+  __half* const sdO = sQ + BM * ST;
+  __half* const sdS = sdO + BM * ST;
+  float* const sL = reinterpret_cast<float*>(sdS + BN * SD);
+  float* const sD = sL + BM;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tig = lane & 3;
+  const int hk = blockIdx.y, b = blockIdx.z, n0 = blockIdx.x * BN;
+  const BwdRows rows = bwd_rows(p, b);
+  const int sq = rows.sq, sk = rows.sk;
+  if (n0 >= sk) return;
+  const int head_dim = p.head_dim;
+  const int group = p.heads / p.kv_heads;
+  const int off = sk - sq, n_last = min(n0 + BN, sk) - 1;
+  const int left = p.window_left, right = p.window_right;
+  const SoftmaxScale sc = softmax_scale(p);
+  const bool dq_atomic = kDk && !p.deterministic;
+
+  copy_rows<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
+                                  k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+                          p.k_row_stride, n0, sk, head_dim, tid);
+  copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
+                                  k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+                          p.v_row_stride, n0, sk, head_dim, tid);
+
+  int m_lo, m_hi;
+  query_range(p, n0, n_last, sq, off, m_lo, m_hi);
+  const int t_lo = m_lo / BM, t_hi = m_hi > m_lo ? (m_hi + BM - 1) / BM : t_lo;
+
+  float dk[kDk ? DT : 1][4], dv[kDv ? DT : 1][4];
+#pragma unroll
+  for (int i = 0; i < (kDk ? DT : 1); ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < (kDv ? DT : 1); ++i) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+
+  // ldmatrix lane addresses (see fwd_kernel.cuh): A rows of this warp; B stored [n][k];
+  // B stored [k][n] (.trans); dS A stored [k][m] (.trans)
+  const int a_frag = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+  const int b_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
+  const int bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+  const int ds_frag = ((lane & 7) + (lane >> 4) * 8) * SD + ((lane >> 3) & 1) * 8;
+  const int key0 = n0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
+
+  // One flat loop over (query head of the group, query tile): offsets are recomputed from
+  // the parameters each step instead of held across it (registers: dK/dV need them).
+  const int ntiles = t_hi - t_lo;
+  for (int it = 0; it < group * ntiles; ++it) {
+    const int gi = it / ntiles;
+    const int h = hk * group + gi, t = t_lo + (it - gi * ntiles);
+    {
+      const int m0 = t * BM;
+      __syncthreads();  // every warp is done with the previous tile's Q, dO, dS
+      copy_rows<BM, T, D, ST, C::kCopyBatch>(sQ, static_cast<const __half*>(p.q) +
+                                      q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                              p.q_row_stride, m0, sq, head_dim, tid);
+      copy_rows<BM, T, D, ST, C::kCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
+                                       q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+                              p.do_row_stride, m0, sq, head_dim, tid);
+      if (tid < BM) {
+        const int r = m0 + tid;
+        sL[tid] = r < sq ? lse_log2(p.lse[q_like(rows, h, p.lse_batch_stride, 1, p.lse_head_stride) + r])
+                         : INFINITY;
+        sD[tid] = r < sq && kDk ? p.dsum[q_like(rows, h, p.dsum_batch_stride, 1, p.dsum_head_stride) + r]
+                                : 0.f;
+      }
+      __syncthreads();
+      // fragment bases (bytes)
+      const uint32_t aK = smem_addr(sK + a_frag), aV = smem_addr(sV + a_frag);
+      const uint32_t bQ = smem_addr(sQ + b_frag), bdO = smem_addr(sdO + b_frag);
+      const uint32_t tQ = smem_addr(sQ + bt_frag), tdO = smem_addr(sdO + bt_frag);
+
+      // ---- S^T = K Q^T, dP^T = V dO^T (each B fragment feeds one MMA pair)
+      float st[NQ][4], dpt[kDk ? NQ : 1][4];
+#pragma unroll
+      for (int i = 0; i < NQ; ++i) st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.f;
+#pragma unroll
+      for (int i = 0; i < (kDk ? NQ : 1); ++i) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
+#pragma unroll KKU
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ak[4];
+        ldsm_x4(ak, aK + kk * 32);
+#pragma unroll
+        for (int nn = 0; nn < BM / 16; ++nn) {
+          uint32_t bq[4];
+          ldsm_x4(bq, bQ + (nn * 16 * ST + kk * 16) * 2);
+          mma_m16n8k8(st[2 * nn], ak[0], ak[1], bq[0]);
+          mma_m16n8k8(st[2 * nn], ak[2], ak[3], bq[1]);
+          mma_m16n8k8(st[2 * nn + 1], ak[0], ak[1], bq[2]);
+          mma_m16n8k8(st[2 * nn + 1], ak[2], ak[3], bq[3]);
+        }
+        if constexpr (kDk) {
+          uint32_t av[4];
+          ldsm_x4(av, aV + kk * 32);
+#pragma unroll
+          for (int nn = 0; nn < BM / 16; ++nn) {
+            uint32_t bd[4];
+            ldsm_x4(bd, bdO + (nn * 16 * ST + kk * 16) * 2);
+            mma_m16n8k8(dpt[2 * nn], av[0], av[1], bd[0]);
+            mma_m16n8k8(dpt[2 * nn], av[2], av[3], bd[1]);
+            mma_m16n8k8(dpt[2 * nn + 1], av[0], av[1], bd[2]);
+            mma_m16n8k8(dpt[2 * nn + 1], av[2], av[3], bd[3]);
+          }
+        }
+      }
+
+      // ---- P^T = exp2(S^T sl2 - LSE2), dS^T = P^T (dP^T - dsum) (1 - tanh^2); element e of
+      // n8 tile i: key key0 + (e >> 1) * 8, query m0 + 8i + 2 tig + (e & 1)
+      const int last_row = min(m0 + BM, sq) - 1;
+      const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
+#pragma unroll
+      for (int i = 0; i < NQ; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = i * 8 + tig * 2 + (e & 1);
+          float s = st[i][e], deriv = 1.f;
+          if (p.softcap > 0.f) {
+            const float th = fast_tanh(s * sc.cap_in);
+            s = p.softcap * th;
+            deriv = 1.f - th * th;
+          }
+          if (masked && !key_visible(key0 + (e >> 1) * 8, m0 + qi, sk, off, left, right))
+            s = -INFINITY;
+          const float pr = fast_exp2(fmaf(s, sc.sl2, -sL[qi]));
+          st[i][e] = pr;
+          if constexpr (kDk) dpt[i][e] = pr * (dpt[i][e] - sD[qi]) * deriv;
+        }
+
+      // ---- dV += P^T dO, dK += dS^T Q (k = queries, 16 at a time)
+#pragma unroll
+      for (int kt = 0; kt < BM / 16; ++kt) {
+        if constexpr (kDv) {
+          const uint32_t a0 = pack_half2(st[2 * kt][0], st[2 * kt][1]);
+          const uint32_t a1 = pack_half2(st[2 * kt][2], st[2 * kt][3]);
+          const uint32_t a2 = pack_half2(st[2 * kt + 1][0], st[2 * kt + 1][1]);
+          const uint32_t a3 = pack_half2(st[2 * kt + 1][2], st[2 * kt + 1][3]);
+          uint32_t addr = tdO + kt * 16 * ST * 2;
+#pragma unroll
+          for (int dn = 0; dn < D / 16; ++dn) {
+            uint32_t bv[4];
+            ldsm_x4_t(bv, addr + dn * 32);
+            mma_m16n8k8(dv[2 * dn], a0, a1, bv[0]);
+            mma_m16n8k8(dv[2 * dn], a2, a3, bv[1]);
+            mma_m16n8k8(dv[2 * dn + 1], a0, a1, bv[2]);
+            mma_m16n8k8(dv[2 * dn + 1], a2, a3, bv[3]);
+          }
+        }
+        if constexpr (kDk) {
+          const uint32_t a0 = pack_half2(dpt[2 * kt][0], dpt[2 * kt][1]);
+          const uint32_t a1 = pack_half2(dpt[2 * kt][2], dpt[2 * kt][3]);
+          const uint32_t a2 = pack_half2(dpt[2 * kt + 1][0], dpt[2 * kt + 1][1]);
+          const uint32_t a3 = pack_half2(dpt[2 * kt + 1][2], dpt[2 * kt + 1][3]);
+          uint32_t addr = tQ + kt * 16 * ST * 2;
+#pragma unroll
+          for (int dn = 0; dn < D / 16; ++dn) {
+            uint32_t bq[4];
+            ldsm_x4_t(bq, addr + dn * 32);
+            mma_m16n8k8(dk[2 * dn], a0, a1, bq[0]);
+            mma_m16n8k8(dk[2 * dn], a2, a3, bq[1]);
+            mma_m16n8k8(dk[2 * dn + 1], a0, a1, bq[2]);
+            mma_m16n8k8(dk[2 * dn + 1], a2, a3, bq[3]);
+          }
+          if (dq_atomic) {  // dS^T -> shared memory, this warp's 16 key rows
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int i = 2 * kt + j;
+              *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g) * SD + i * 8 + tig * 2) =
+                  pack_half2(dpt[i][0], dpt[i][1]);
+              *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8) * SD + i * 8 + tig * 2) =
+                  pack_half2(dpt[i][2], dpt[i][3]);
+            }
+          }
+        }
+      }
+
+      // ---- dQ += dS K over this CTA's BN keys, fp32 atomics (one writer order per run
+      // is not fixed: p.deterministic runs bwd_dq_kernel instead)
+      if constexpr (kDk) {
+        if (dq_atomic) {
+          __syncthreads();  // dS^T of every warp stored
+          const uint32_t tK = smem_addr(sK + bt_frag), aS = smem_addr(sdS + ds_frag);
+          float* const acc = p.dq_accum + q_like(rows, h, p.acc_batch_stride, p.acc_row_stride, head_dim);
+#pragma unroll
+          for (int si = 0; si < C::kSlicesPerWarp; ++si) {
+            const int slice = C::kWarps >= C::kSlices ? warp / C::kWarpsPerSlice
+                                                      : warp * C::kSlicesPerWarp + si;
+            const int tile0 = C::kWarps >= C::kSlices ? (warp % C::kWarpsPerSlice) * C::kDqTiles : 0;
+            const int row = m0 + slice * 16 + g;
+#pragma unroll 1
+            for (int c0 = 0; c0 < C::kDqTiles; c0 += C::kDqChunk) {
+              float a[C::kDqChunk][4];
+#pragma unroll
+              for (int j = 0; j < C::kDqChunk; ++j) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.f;
+#pragma unroll
+              for (int kt = 0; kt < BN / 16; ++kt) {
+                uint32_t as[4];
+                ldsm_x4_t(as, aS + (kt * 16 * SD + slice * 16) * 2);
+#pragma unroll
+                for (int j = 0; j < C::kDqChunk / 2; ++j) {
+                  uint32_t bk[4];
+                  ldsm_x4_t(bk, tK + (kt * 16 * ST + (tile0 + c0 + 2 * j) * 8) * 2);
+                  mma_m16n8k8(a[2 * j], as[0], as[1], bk[0]);
+                  mma_m16n8k8(a[2 * j], as[2], as[3], bk[1]);
+                  mma_m16n8k8(a[2 * j + 1], as[0], as[1], bk[2]);
+                  mma_m16n8k8(a[2 * j + 1], as[2], as[3], bk[3]);
+                }
+                if constexpr (C::kDqChunk % 2 == 1) {  // the odd last n8 tile
+                  uint32_t bk[2];
+                  ldsm_x2_t(bk, tK + (kt * 16 * ST + (tile0 + c0 + C::kDqChunk - 1) * 8) * 2);
+                  mma_m16n8k8(a[C::kDqChunk - 1], as[0], as[1], bk[0]);
+                  mma_m16n8k8(a[C::kDqChunk - 1], as[2], as[3], bk[1]);
+                }
+              }
+#pragma unroll
+              for (int j = 0; j < C::kDqChunk; ++j) {
+                const int col = (tile0 + c0 + j) * 8 + tig * 2;
+                if (col < head_dim) {
+                  if (row < sq) {
+                    float* const r = acc + (int64_t)row * p.acc_row_stride + col;
+                    atomicAdd(r, a[j][0]);
+                    atomicAdd(r + 1, a[j][1]);
+                  }
+                  if (row + 8 < sq) {
+                    float* const r = acc + (int64_t)(row + 8) * p.acc_row_stride + col;
+                    atomicAdd(r, a[j][2]);
+                    atomicAdd(r + 1, a[j][3]);
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // ---- dK (times the scale), dV: fp16 straight from the accumulators; keys without a
+  // query that sees them write zeros
+  const float scale = p.scale;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int key = key0 + hr * 8;
+    if (key >= sk) continue;
+    __half* const dkr = static_cast<__half*>(p.dk) +
+                        k_like(rows, hk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride) +
+                        (int64_t)key * p.dk_row_stride;
+    __half* const dvr = static_cast<__half*>(p.dv) +
+                        k_like(rows, hk, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride) +
+                        (int64_t)key * p.dv_row_stride;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      const int col = i * 8 + tig * 2;
+      if (col >= head_dim) continue;
+      if constexpr (kDk)
+        *reinterpret_cast<uint32_t*>(dkr + col) =
+            pack_half2(dk[i][2 * hr] * scale, dk[i][2 * hr + 1] * scale);
+      if constexpr (kDv)
+        *reinterpret_cast<uint32_t*>(dvr + col) = pack_half2(dv[i][2 * hr], dv[i][2 * hr + 1]);
+    }
+  }
+}
+
+// Deterministic dQ: rows [m0, m0 + DQ_BM) of query head h, key tiles in ascending order.
+template <class C>
+__global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p) {
+  using namespace detail;
+  constexpr int D = C::kHeadDim, BM = C::kDqBlockM, BN = C::kDqBlockN, ST = C::kStride;
+  constexpr int NT = BN / 8, DC = C::kDqCols, DT = DC / 8, T = C::kDqThreads;
+  constexpr int KKU = 1;  // kk loops: full unrolling only adds registers
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* const sQ = reinterpret_cast<__half*>(smem_raw);
+  __half* const sdO = sQ + BM * ST;
+  __half* const sK = sdO + BM * ST;
+  __half* const sV = sK + BN * ST;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tig = lane & 3;
+  const int h = blockIdx.y, b = blockIdx.z;
+  // (query block, column part): longest (causal) blocks first
+  constexpr int NPART = D / DC;
+  const int part = blockIdx.x % NPART;
+  const int m0 = (gridDim.x / NPART - 1 - blockIdx.x / NPART) * BM;
+  const BwdRows rows = bwd_rows(p, b);
+  const int sq = rows.sq, sk = rows.sk;
+  if (m0 >= sq) return;
+  const int head_dim = p.head_dim;
+  const int hk = h / (p.heads / p.kv_heads);
+  const int left = p.window_left, right = p.window_right;
+  const SoftmaxScale sc = softmax_scale(p);
+
+  copy_rows<BM, T, D, ST, C::kDqCopyBatch>(sQ, static_cast<const __half*>(p.q) +
+                                  q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                          p.q_row_stride, m0, sq, head_dim, tid);
+  copy_rows<BM, T, D, ST, C::kDqCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
+                                   q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+                          p.do_row_stride, m0, sq, head_dim, tid);
+  const __half* const kg = static_cast<const __half*>(p.k) +
+                           k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  const __half* const vg = static_cast<const __half*>(p.v) +
+                           k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+
+  // this thread's rows r0, r0 + 8: LSE (base 2) and dsum
+  const int r0 = m0 + warp * 16 + g;
+  float l2[2], ds[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = r0 + hr * 8;
+    l2[hr] = r < sq ? lse_log2(p.lse[rows.qb * p.lse_batch_stride + h * p.lse_head_stride +
+                                     rows.qs + r])
+                    : INFINITY;
+    ds[hr] = r < sq ? p.dsum[rows.qb * p.dsum_batch_stride + h * p.dsum_head_stride +
+                             rows.qs + r]
+                    : 0.f;
+  }
+
+  const int off = sk - sq, last_row = min(m0 + BM, sq) - 1;
+  int n_lo = 0, n_hi = sk;
+  if (left >= 0) n_lo = max(0, m0 + off - left);
+  if (right >= 0) n_hi = min(sk, last_row + off + right + 1);
+  const int t_lo = n_lo / BN, t_hi = n_hi > n_lo ? (n_hi + BN - 1) / BN : t_lo;
+
+  const int a_frag = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+  const int b_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
+  const int bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+
+  float dq[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+
+  for (int t = t_lo; t < t_hi; ++t) {
+    const int n0 = t * BN;
+    __syncthreads();  // every warp is done with the previous K, V
+    copy_rows<BN, T, D, ST, C::kDqCopyBatch>(sK, kg, p.k_row_stride, n0, sk, head_dim, tid);
+    copy_rows<BN, T, D, ST, C::kDqCopyBatch>(sV, vg, p.v_row_stride, n0, sk, head_dim, tid);
+    __syncthreads();
+    const uint32_t aQ = smem_addr(sQ + a_frag), adO = smem_addr(sdO + a_frag);
+    const uint32_t bK = smem_addr(sK + b_frag), bV = smem_addr(sV + b_frag);
+    const uint32_t tK = smem_addr(sK + bt_frag);
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
+    }
+#pragma unroll KKU
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4], ad[4];
+      ldsm_x4(aq, aQ + kk * 32);
+      ldsm_x4(ad, adO + kk * 32);
+#pragma unroll
+      for (int nn = 0; nn < BN / 16; ++nn) {
+        uint32_t bk[4], bv[4];
+        ldsm_x4(bk, bK + (nn * 16 * ST + kk * 16) * 2);
+        ldsm_x4(bv, bV + (nn * 16 * ST + kk * 16) * 2);
+        mma_m16n8k8(s[2 * nn], aq[0], aq[1], bk[0]);
+        mma_m16n8k8(s[2 * nn], aq[2], aq[3], bk[1]);
+        mma_m16n8k8(s[2 * nn + 1], aq[0], aq[1], bk[2]);
+        mma_m16n8k8(s[2 * nn + 1], aq[2], aq[3], bk[3]);
+        mma_m16n8k8(dp[2 * nn], ad[0], ad[1], bv[0]);
+        mma_m16n8k8(dp[2 * nn], ad[2], ad[3], bv[1]);
+        mma_m16n8k8(dp[2 * nn + 1], ad[0], ad[1], bv[2]);
+        mma_m16n8k8(dp[2 * nn + 1], ad[2], ad[3], bv[3]);
+      }
+    }
+    const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hr = e >> 1;
+        float x = s[i][e], deriv = 1.f;
+        if (p.softcap > 0.f) {
+          const float th = fast_tanh(x * sc.cap_in);
+          x = p.softcap * th;
+          deriv = 1.f - th * th;
+        }
+        if (masked && !key_visible(n0 + i * 8 + tig * 2 + (e & 1), r0 + hr * 8, sk, off, left, right))
+          x = -INFINITY;
+        const float pr = fast_exp2(fmaf(x, sc.sl2, -l2[hr]));
+        dp[i][e] = pr * (dp[i][e] - ds[hr]) * deriv;
+      }
+    // ---- dQ += dS K: dS packed to fp16 is the A fragment (as P in the forward)
+#pragma unroll
+    for (int kt = 0; kt < BN / 16; ++kt) {
+      const uint32_t a0 = pack_half2(dp[2 * kt][0], dp[2 * kt][1]);
+      const uint32_t a1 = pack_half2(dp[2 * kt][2], dp[2 * kt][3]);
+      const uint32_t a2 = pack_half2(dp[2 * kt + 1][0], dp[2 * kt + 1][1]);
+      const uint32_t a3 = pack_half2(dp[2 * kt + 1][2], dp[2 * kt + 1][3]);
+      uint32_t addr = tK + (kt * 16 * ST + part * DC) * 2;
+#pragma unroll
+      for (int dn = 0; dn < DC / 16; ++dn) {
+        uint32_t bk[4];
+        ldsm_x4_t(bk, addr + dn * 32);
+        mma_m16n8k8(dq[2 * dn], a0, a1, bk[0]);
+        mma_m16n8k8(dq[2 * dn], a2, a3, bk[1]);
+        mma_m16n8k8(dq[2 * dn + 1], a0, a1, bk[2]);
+        mma_m16n8k8(dq[2 * dn + 1], a2, a3, bk[3]);
+      }
+    }
+  }
+
+  const float scale = p.scale;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = r0 + hr * 8;
+    if (r >= sq) continue;
+    __half* const dqr = static_cast<__half*>(p.dq) +
+                        q_like(rows, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride) +
+                        (int64_t)r * p.dq_row_stride;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      const int col = part * DC + i * 8 + tig * 2;
+      if (col < head_dim)
+        *reinterpret_cast<uint32_t*>(dqr + col) =
+            pack_half2(dq[i][2 * hr] * scale, dq[i][2 * hr + 1] * scale);
+    }
+  }
+}
+
+// The main backward of one head dim: dK/dV (+ dQ atomics), or with C::kSplit dV and
+// then dK (+ dQ) in two passes.
+template <class C>
+int run_bwd_main(const BwdParams& p, cudaStream_t stream) {
+  if constexpr (C::kSplit) {
+    if (const int e = detail::launch_bwd<C>(bwd_kernel<C, detail::kBwdDv>, p, stream)) return e;
+    return detail::launch_bwd<C>(bwd_kernel<C, detail::kBwdDkDq>, p, stream);
+  } else {
+    return detail::launch_bwd<C>(bwd_kernel<C, detail::kBwdAll>, p, stream);
+  }
+}
+
+template <class C>
+int run_bwd_dq(const BwdParams& p, cudaStream_t stream) {
+  return detail::launch_bwd_dq<C>(bwd_dq_kernel<C>, p, stream);
+}
+
+}  // namespace sm75
+}  // namespace fa2
+}  // namespace sm7x
