@@ -61,8 +61,8 @@ def _backward_kernel(ops, head_dim: int) -> tuple[bool, str]:
             hit = (False, f"the loaded library ({name}) has no backward kernels (built before "
                           f"sm7x had them): update the sm7x-fa2 packages")
         elif not bool(ops.bwd_supported(head_dim)):
-            hit = (False, f"{name} has no backward kernel for head_dim={head_dim} (its tiles do "
-                          f"not fit the card's shared memory per block)")
+            hit = (False, f"{name} has no backward kernel for head_dim={head_dim} (its "
+                          f"bwd_supported({head_dim}) is false)")
         else:
             hit = (True, "")
         _supported[key] = hit
