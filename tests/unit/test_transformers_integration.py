@@ -375,6 +375,24 @@ def test_training_runs_sm7x_backward(monkeypatch, side):
     assert len(fa2_cpu_ops.ops(name)) == 2, fa2_cpu_ops.CALLS  # one per layer
 
 
+def test_training_fp32_weights_under_fp16_autocast(monkeypatch):
+    """fp32 master weights, fp16 autocast: the fp32 q/k/v the layers hand over are cast to
+    fp16 (differentiably) and the backward runs sm7x's op."""
+    import fa2_cpu_ops
+
+    fa2_cpu_ops.use(monkeypatch)
+    monkeypatch.setattr(tf_sm7x, "_layouts", {})
+    ref, ours = _twin("llama")
+    ref.float().train(), ours.float().train()
+    ids, mask = _batch([10, 6], "right")
+    labels = ids.masked_fill(mask == 0, -100)
+    with torch.autocast("cpu", dtype=torch.float16):
+        a, b = _grads(ref, ids, mask, labels), _grads(ours, ids, mask, labels)
+    _compare_grads(a, b, "autocast")
+    assert len(fa2_cpu_ops.ops("bwd_varlen")) == 2 and all(
+        g.dtype == torch.float32 for g in b[1].values())
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_training_with_gradient_checkpointing(monkeypatch, reentrant):
     import fa2_cpu_ops
