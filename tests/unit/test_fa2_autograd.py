@@ -422,3 +422,18 @@ def test_grad_inputs_on_cpu_get_the_cuda_error(monkeypatch):
     q, k, v, _ = _inputs()
     with pytest.raises(ValueError, match="CUDA tensors only"):
         fa2.flash_attn_func(_leaf(q), k, v)
+
+
+def test_torch_compile_inference_with_out(lib):
+    """Compiled, no grad: out= is written (the op's result copied into it)."""
+    torch._dynamo.reset()
+    q, k, v, _, cq, ck = _varlen([3, 6], [5, 6])
+    out = torch.zeros_like(q)
+
+    def f(a, b, c, o):
+        return fa2.flash_attn_varlen_func(a, b, c, cq, ck, 6, 6, causal=True, out=o)
+
+    with torch.no_grad():
+        res = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, out)
+        want = f(q, k, v, torch.zeros_like(q))
+    assert torch.equal(out, want) and torch.equal(res, want) and out.abs().sum() > 0

@@ -231,13 +231,15 @@ def _check_cuda(fn: str, q) -> None:
         )
 
 
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def _differentiable(*tensors) -> bool:
     """The call goes through the autograd custom ops (sm7x.fa2._autograd): an input requires
     grad, or torch.compile traces it (the ops have fakes and do their layout work at run
     time, where the direct path reads data pointers)."""
-    if torch.compiler.is_compiling():
-        return True
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return torch.compiler.is_compiling() or _needs_grad(*tensors)
 
 
 def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
@@ -337,16 +339,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                                          window_size, softcap)
     deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
     if _differentiable(q, k, v):
-        if out is not None:
+        if out is not None and _needs_grad(q, k, v):
             raise ValueError(f"sm7x.fa2.{fn}: out= cannot be combined with inputs that require "
                              f"grad (autograd saves the op's own output); drop out=, or call "
                              f"under torch.no_grad()")
         _check_cuda(fn, q)
         # the op checks cu_seqlens against q/k on the host when it runs (not traced)
-        out, lse = _autograd.attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        res, lse = _autograd.attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                          max_seqlen_k, scale, causal, left, right, softcap,
                                          deterministic)
-        return (out, lse, None) if return_attn_probs else out
+        if out is not None:  # compiled inference with out=
+            _check_tensor("out", out, fn)
+            if out.shape != res.shape:
+                raise ValueError(f"sm7x.fa2.{fn}: out must have q's shape {tuple(q.shape)}, got "
+                                 f"{tuple(out.shape)}")
+            res = out.copy_(res)
+        return (res, lse, None) if return_attn_probs else res
     _check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
     _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     ops, q, k, v, out = _prepare(fn, q, k, v, out)

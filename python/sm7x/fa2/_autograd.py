@@ -18,13 +18,17 @@ like any op. What the kernels need (16-byte chunks, the library of the device, h
 of cu_seqlens) happens inside the ops' real implementations, never in traced code.
 
 Fallback: where the library has no backward kernel for a head dim
-(``bwd_supported(head_dim)`` false, e.g. d=256 where Turing's 64 KB of shared memory per
-block cannot hold the backward's tiles) or no backward at all (a library built before it),
-that call's backward is computed here in float32 PyTorch math from the saved q, k, v, out
-and LSE (the same formulas, in chunks of query rows so S never exceeds ~128 MB), with a
-:class:`BackwardFallbackWarning` once per library and head dim naming the head dim and why.
-It is correct but several times slower and uses more memory than the kernels. To make it an
-error instead: ``warnings.filterwarnings("error", category=sm7x.fa2.BackwardFallbackWarning)``.
+(``bwd_supported(head_dim)`` false; the likely case is d=256 on Turing, whose 64 KB of
+shared memory per block is tight for the backward's tiles) or no backward at all (a library
+built before it), that call's backward is computed here in float32 PyTorch math from the
+saved q, k, v, out and LSE (the same formulas: P rebuilt from the LSE, dS = P * (dP - D)),
+per sequence and in chunks of query rows so that each fp32 score-sized buffer stays within
+~128 MB (a few live at once), with a :class:`BackwardFallbackWarning` once per library and
+head dim naming the head dim and why. It is correct but slower and uses more memory than
+the kernels. Why a fallback rather than an error: a fine-tune of a d=256 model (Gemma) on
+a T4 then still runs, its other layers and the forward on the kernels, and says so once;
+to make it an error instead:
+``warnings.filterwarnings("error", category=sm7x.fa2.BackwardFallbackWarning)``.
 """
 
 from __future__ import annotations
