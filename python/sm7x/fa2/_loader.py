@@ -51,15 +51,8 @@ def _register_fakes(torch, namespace: str) -> None:
     def fake_fwd_serving(*args):
         return None
 
-    def fake_bwd(*args):
-        return None
-
-    def fake_bwd_varlen(*args):
-        return None
-
     for name, fn in (("fwd", fake_fwd), ("fwd_varlen", fake_fwd_varlen),
-                     ("fwd_serving", fake_fwd_serving), ("bwd", fake_bwd),
-                     ("bwd_varlen", fake_bwd_varlen)):
+                     ("fwd_serving", fake_fwd_serving)):
         try:
             torch.library.register_fake(f"{namespace}::{name}")(fn)
         except RuntimeError as exc:  # registered before, or an op this build lacks
