@@ -13,12 +13,15 @@ dk, dv as fp16. Rounding an operand to fp16 is a relative error of 2^-11 (4.9e-4
 element; summed over thousands of keys or rows those errors mostly cancel, so the error
 of a gradient grows like its typical element, not its largest. A gradient passes when
 
-    max |g - g_ref| <= GRAD_RTOL * max |g_ref|        (GRAD_RTOL = 1e-2, per tensor)
+    max |g - g_ref| <= GRAD_RTOL * max |g_ref| + GRAD_ATOL   (1e-2 and 2e-3, per tensor)
 
-which is ~20 fp16 ulps of the largest element: several times what the rounding above
-gives, and far below what a masking, indexing or GQA-summing mistake gives (errors of the
-order of the gradient itself). Outputs keep the forward's 4e-3 absolute bound. With
-softcap (q scaled by 3, tanh's derivative) the bound is GRAD_RTOL_SOFTCAP = 2e-2. The worst
+The relative term is ~20 fp16 ulps of the largest element: several times what the
+rounding above gives, and far below what a masking, indexing or GQA-summing mistake gives
+(errors of the order of the gradient itself; randn inputs give gradients of order 0.1-1).
+The absolute term is for gradients that are zero in exact arithmetic (a single visible
+key: dq = dk = 0), where the kernels' D = rowsum(dO * O) uses the fp16-rounded O and leaves
+~1e-3. Outputs keep the forward's 4e-3 absolute bound. With softcap (q scaled by 3,
+tanh's derivative) the relative term is GRAD_RTOL_SOFTCAP = 2e-2. The worst
 ratios are printed at the end (-s) and written to $FA2_ERRORS_OUT when set.
 
 Head dims whose backward has no kernel in the library (``bwd_supported(d)`` false) run the
@@ -55,6 +58,7 @@ DEV = "cuda"
 F16 = torch.float16
 GRAD_RTOL = 1e-2
 GRAD_RTOL_SOFTCAP = 2e-2
+GRAD_ATOL = 2e-3
 OUT_ATOL = 4e-3
 
 HEAD_DIMS = sorted(set(fa2.COMPILED_HEAD_DIMS) | {40, 72})  # + multiples of 8 run padded
@@ -91,7 +95,7 @@ def compare_grad(tag, name, got, want, rtol):
     err = (got.float() - want).abs().max().item() if got.numel() else 0.0
     ratio = err / scale if scale > 0 else err
     _record(f"{name} / max|{name}_ref| {tag}", ratio)
-    assert err <= rtol * scale + 1e-6, (f"{tag}: max |{name} - ref| = {err:.3e}, "
+    assert err <= rtol * scale + GRAD_ATOL, (f"{tag}: max |{name} - ref| = {err:.3e}, "
                                         f"{ratio:.2e} of max |{name}_ref| = {scale:.3e}")
 
 
