@@ -442,5 +442,44 @@ def test_training_loss_curve_matches_sdpa():
     _record(f"training |final loss sm7x - sdpa| {TAG}", abs(mean(ours[-50:]) - mean(sdpa[-50:])))
 
 
+@pytest.mark.parametrize("padding", ["none", "right"])
+def test_transformers_training_step_matches_sdpa(padding):
+    """attn_implementation="sm7x" in model.train(): one step's loss and every parameter's
+    gradient match attn_implementation="sdpa" (random-weight Llama, GQA 4/2, d64, fp16;
+    right padding goes through the unpadded varlen call)."""
+    transformers = pytest.importorskip("transformers")
+    import sm7x.integrations.transformers as tf_sm7x
+
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=64,
+                                   max_position_embeddings=512, pad_token_id=0)
+    models = []
+    for attn in ("sdpa", tf_sm7x.NAME):
+        torch.manual_seed(0)
+        models.append(transformers.AutoModelForCausalLM.from_config(
+            cfg, attn_implementation=attn).to(DEV, F16).train())
+    g = torch.Generator().manual_seed(70)
+    ids = torch.randint(1, 256, (2, 200), generator=g)
+    mask = torch.ones_like(ids)
+    if padding == "right":
+        mask[1, 137:] = 0
+        ids[1, 137:] = 0
+    ids, mask = ids.to(DEV), mask.to(DEV)
+    labels = ids.masked_fill(mask == 0, -100)
+    results = []
+    for model in models:
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.float() for n, p in model.named_parameters()}))
+    (a_loss, a), (b_loss, b) = results
+    assert abs(a_loss - b_loss) < 1e-2, (a_loss, b_loss)
+    for name in a:
+        scale = a[name].abs().max().item()
+        err = (a[name] - b[name]).abs().max().item()
+        _record(f"transformers grad / max {TAG}", err / max(scale, 1e-6))
+        assert err <= 3e-2 * scale + 1e-4, f"{name}: max err {err} (max |grad| {scale})"
+
+
 def test_zz_report_worst_errors():
     report_worst(f" (backward, {ARCH})")
