@@ -31,6 +31,7 @@ the grid checks their gradients the same way.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import warnings
@@ -456,9 +457,10 @@ def test_transformers_training_step_matches_sdpa(padding):
                                    max_position_embeddings=512, pad_token_id=0)
     models = []
     for attn in ("sdpa", tf_sm7x.NAME):
-        torch.manual_seed(0)
+        torch.manual_seed(0)  # a config each: the model keeps (and its loader sets) it
         models.append(transformers.AutoModelForCausalLM.from_config(
-            cfg, attn_implementation=attn).to(DEV, F16).train())
+            copy.deepcopy(cfg), attn_implementation=attn).to(DEV, F16).train())
+    assert [m.config._attn_implementation for m in models] == ["sdpa", tf_sm7x.NAME]
     g = torch.Generator().manual_seed(70)
     ids = torch.randint(1, 256, (2, 200), generator=g)
     mask = torch.ones_like(ids)
