@@ -12,7 +12,10 @@ except ImportError:  # a source checkout on PYTHONPATH, never installed
 
 # flash-attn's entry points, resolved on first use (PEP 562) so that `import sm7x` stays
 # free of torch and native code.
-_LAZY = {"flash_attn_func": "sm7x.fa2", "flash_attn_varlen_func": "sm7x.fa2"}
+_LAZY = {name: "sm7x.fa2" for name in (
+    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func")}
 __all__ = ["__version__", *_LAZY]
 
 

@@ -35,7 +35,7 @@ TAG = f"{ARCH} "  # names the arch in the worst-error record
 
 import sm7x.fa2 as fa2  # noqa: E402
 from sm7x.fa2 import (  # noqa: E402
-    flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode)
+    flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode)
 from fa2_reference import (  # noqa: E402
     _compare, _record, apply_rotary, ceil_div, contiguous_from_paged, gather_paged,
     packed_to_batched, paged_cache, paged_rows, reference, reference_seqs, report_worst,
@@ -889,7 +889,8 @@ def test_direct_op_rejects_bad_device_values():
 
 
 # ---------------------------------------------------------------------------------------
-# autograd inputs: the kernels are forward-only
+# autograd inputs: the serving paths are inference-only (flash_attn_func and the non-paged
+# flash_attn_varlen_func are differentiable: tests/gpu/test_fa2_backward.py)
 
 
 FORWARD_ONLY = (RuntimeError, NotImplementedError, ValueError)
@@ -901,14 +902,6 @@ def needs_grad(t):
 
 def test_requires_grad_inputs_raise():
     g = gen(231)
-    q, k, v = randn(1, 16, 4, 64, g=g), randn(1, 16, 2, 64, g=g), randn(1, 16, 2, 64, g=g)
-    for i in range(3):
-        args = [needs_grad(t) if j == i else t for j, t in enumerate((q, k, v))]
-        with pytest.raises(FORWARD_ONLY, match="forward"):
-            flash_attn_func(*args)
-    cu = cu_seqlens([16])
-    with pytest.raises(FORWARD_ONLY, match="forward"):
-        flash_attn_varlen_func(needs_grad(q[0]), k[0], v[0], cu, cu, 16, 16)
     lens, page, k_cache, v_cache, bt, qd = _small_paged(seed=232)
     with pytest.raises(FORWARD_ONLY, match="forward"):
         flash_attn_varlen_func(needs_grad(qd[:, 0]), k_cache, v_cache, cu_seqlens([1, 1]),

@@ -59,3 +59,80 @@ def test_plot(tmp_path):
     fig = B.draw(_result(400.0), plt)
     assert [ax.get_title() for ax in fig.axes] == ["head dim 128, GQA 32/8", "head dim 128"]
     fig.savefig(tmp_path / "fa2.png")
+
+
+# ---------------------------------------------------------------------------------------
+# --backward: forward + backward through autograd
+
+
+def test_flop_count_forward_and_backward():
+    assert B.attention_flops(2, 4, 100, 64, False, False) == 4 * 2 * 4 * 100 * 100 * 64
+    assert B.attention_flops(2, 4, 100, 64, True, False) == 2 * 2 * 4 * 100 * 100 * 64
+    assert B.attention_flops(2, 4, 100, 64, True, True) == 3.5 * 2 * 2 * 4 * 100 * 100 * 64
+
+
+def test_backward_run_on_cpu_writes_json_and_png(monkeypatch, tmp_path, capsys):
+    """The whole --backward run on CPU tensors with the stand-in library of
+    tests/unit/fa2_cpu_ops.py (d=256 has no backward kernel there: the fallback rows) and
+    SDPA's math backend in place of the memory-efficient one (which CPUs do not have)."""
+    import json
+
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    import fa2_cpu_ops
+    from sm7x.bench import _output
+
+    fa2_cpu_ops.use(monkeypatch)
+    monkeypatch.setattr(B, "_baseline_backend", lambda: SDPBackend.MATH)
+    result = B.run_backward(seqlens=(16, 40), head_dims=(16, 256), tokens=80, head_elems=32,
+                            iters=1, repeats=1, gqa=((16, 4, 2),), device="cpu")
+    rows = result["results"]
+    assert result["mode"] == "forward+backward" and result["flop_factor"] == 3.5
+    assert [(r["head_dim"], r["heads"], r["kv_heads"]) for r in rows[::4]] == [
+        (16, 2, 2), (256, 1, 1), (16, 4, 2)]
+    assert len(rows) == 3 * 2 * 2
+    for r in rows:
+        flops = B.attention_flops(r["batch"], r["heads"], r["seqlen"], r["head_dim"], r["causal"],
+                                  True)
+        assert r["batch"] == 80 // r["seqlen"]
+        assert abs(r["sm7x_tflops"] - flops / r["sm7x_ms"] / 1e9) < 1e-9 * (1 + r["sm7x_tflops"])
+        assert abs(r["ratio"] - r["sdpa_eff_ms"] / r["sm7x_ms"]) < 1e-9 * (1 + r["ratio"])
+        assert r["grad_rel_diff"] < 2e-2, r  # sm7x's gradients agree with SDPA's
+        assert r["backward"] == ("fallback" if r["head_dim"] == 256 else "kernel")
+        assert ("fallback_reason" in r) == (r["head_dim"] == 256)
+    # the op ran: forward and backward of the stand-in (kernel rows), never for d=256
+    assert fa2_cpu_ops.ops("bwd") and all(c["dq_shape"][-1] == 16 for c in fa2_cpu_ops.ops("bwd"))
+
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    B.print_table(result)
+    try:
+        import matplotlib  # noqa: F401
+        plot = str(png)
+    except ImportError:
+        plot = None
+    _output.write(result, str(out), plot, B.draw)
+    text = capsys.readouterr().out
+    assert "forward + backward (FLOP = 3.5x" in text and "fallback" in text and "grad diff" in text
+    back = json.loads(out.read_text())
+    assert back["results"] == json.loads(json.dumps(rows)) and back["mode"] == "forward+backward"
+    if plot:
+        assert png.stat().st_size > 0
+
+
+def test_backward_cli_arguments(capsys):
+    for argv in (["--backward", "--seqlens", "x"], ["--backward", "--head-dims", "0"],
+                 ["--deterministic"]):
+        with pytest.raises(SystemExit) as e:
+            B.main(argv)
+        assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--seqlens" in err and "--head-dims" in err and "--deterministic needs --backward" in err
+
+
+def test_backward_cli_without_cuda(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert B.main(["--backward"]) == 1
+    assert "needs a CUDA device" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """sm7x.integrations.transformers on the CPU: registration, the refusals, and the glue
 (masks, left padding, static and sliding caches, packed and paged batches) with sm7x's
 three FA2 entry points replaced by a float32 reference of their documented semantics.
-Small random-weight models (Llama-style GQA, Qwen2 with a sliding window, Gemma 2 with
+Training: gradients against eager attention, through that reference and through sm7x.fa2's
+own autograd ops on a CPU stand-in library (tests/unit/fa2_cpu_ops.py). Small random-weight
+models (Llama-style GQA, Qwen2 with a sliding window, Gemma 2 with
 softcap and sliding window) in float16 are compared with transformers' eager attention.
 
 The kernels themselves run in tests/gpu/test_transformers_generate.py.
@@ -299,11 +301,120 @@ def test_custom_4d_mask_is_refused(fake):
             ours(input_ids=ids, attention_mask=mask4)
 
 
-def test_backward_is_refused(fake):
+# ---------------------------------------------------------------------------------------
+# training: the forward's calls are differentiable
+
+
+def _grads(model, ids, mask, labels):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    return out.loss.item(), {n: p.grad.float() for n, p in model.named_parameters()
+                             if p.grad is not None}
+
+
+def _compare_grads(ref, ours, what):
+    a_loss, a = ref
+    b_loss, b = ours
+    assert abs(a_loss - b_loss) < 1e-2 * max(1.0, abs(a_loss)), (what, a_loss, b_loss)
+    assert set(a) == set(b) and len(a) > 5, (what, sorted(set(a) ^ set(b)))
+    for name in a:
+        scale = max(a[name].abs().max().item(), 1e-4)
+        err = (a[name] - b[name]).abs().max().item()
+        assert err <= 3e-2 * scale, f"{what}: grad of {name}: max err {err} (max |grad| {scale})"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("side", ["none", "right"])
+def test_training_gradients_match_eager(fake, kind, side):
+    """model.train() + backward: no refusal, and every parameter's gradient matches eager
+    attention's (the glue -- unpadding, casts, windows, softcap -- is differentiable)."""
+    ref, ours = _twin(kind)
+    ref.train(), ours.train()
+    lens = [10, 10] if side == "none" else [10, 6]
+    ids, mask = _batch(lens, "right")
+    labels = ids.masked_fill(mask == 0, -100)
+    _compare_grads(_grads(ref, ids, mask, labels), _grads(ours, ids, mask, labels), f"{kind} {side}")
+    assert fake.calls[0] == ("func" if side == "none" else "varlen"), fake.calls
+
+
+@pytest.mark.parametrize("side", ["none", "right", "packed"])
+def test_training_runs_sm7x_backward(monkeypatch, side):
+    """The real sm7x.fa2 API (its autograd ops) on a CPU stand-in library: training calls
+    the library's bwd / bwd_varlen, and the gradients match eager attention's."""
+    import fa2_cpu_ops
+
+    fa2_cpu_ops.use(monkeypatch)
+    monkeypatch.setattr(tf_sm7x, "_layouts", {})
+    ref, ours = _twin("llama")
+    ref.train(), ours.train()
+    if side == "packed":  # DataCollatorWithFlattening: one row, cu_seq_lens bound the sequences
+        ids, _ = _batch([5, 7])
+        flat = ids.reshape(1, -1)
+        pos = torch.cat([torch.arange(7), torch.arange(7)])[None]
+        cu = torch.tensor([0, 7, 14], dtype=torch.int32)
+        ref.zero_grad(set_to_none=True)  # eager: each sequence on its own, losses summed
+        loss_a = sum(ref(input_ids=row[None], labels=row[None]).loss for row in ids)
+        loss_a.backward()
+        a = (loss_a.item(), {n: p.grad.float() for n, p in ref.named_parameters()})
+        ours.zero_grad(set_to_none=True)
+        logits = ours(input_ids=flat, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                      max_length_q=7, max_length_k=7).logits[0].float()
+        loss_b = sum(torch.nn.functional.cross_entropy(logits[i * 7:i * 7 + 6],
+                                                       flat[0, i * 7 + 1:(i + 1) * 7])
+                     for i in range(2))
+        loss_b.backward()
+        b = (loss_b.item(), {n: p.grad.float() for n, p in ours.named_parameters()})
+        _compare_grads(a, b, "packed")
+        assert fa2_cpu_ops.ops("bwd_varlen") and not fa2_cpu_ops.ops("bwd")
+        return
+    ids, mask = _batch([10, 10] if side == "none" else [10, 6], "right")
+    labels = ids.masked_fill(mask == 0, -100)
+    _compare_grads(_grads(ref, ids, mask, labels), _grads(ours, ids, mask, labels), side)
+    name = "bwd" if side == "none" else "bwd_varlen"
+    assert len(fa2_cpu_ops.ops(name)) == 2, fa2_cpu_ops.CALLS  # one per layer
+
+
+def test_training_fp32_weights_under_fp16_autocast(monkeypatch):
+    """fp32 master weights, fp16 autocast: the fp32 q/k/v the layers hand over are cast to
+    fp16 (differentiably) and the backward runs sm7x's op."""
+    import fa2_cpu_ops
+
+    fa2_cpu_ops.use(monkeypatch)
+    monkeypatch.setattr(tf_sm7x, "_layouts", {})
+    ref, ours = _twin("llama")
+    ref.float().train(), ours.float().train()
+    ids, mask = _batch([10, 6], "right")
+    labels = ids.masked_fill(mask == 0, -100)
+    with torch.autocast("cpu", dtype=torch.float16):
+        a, b = _grads(ref, ids, mask, labels), _grads(ours, ids, mask, labels)
+    _compare_grads(a, b, "autocast")
+    assert len(fa2_cpu_ops.ops("bwd_varlen")) == 2
+    assert all(p.grad.dtype == torch.float32 for p in ours.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_training_with_gradient_checkpointing(monkeypatch, reentrant):
+    import fa2_cpu_ops
+
+    fa2_cpu_ops.use(monkeypatch)
+    ref, ours = _twin("llama")
+    ref.train(), ours.train()
+    ours.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    ids, _ = _batch([9, 9])
+    _compare_grads(_grads(ref, ids, None, ids), _grads(ours, ids, None, ids), "checkpointing")
+    # each layer's attention ran twice (the recompute) and its backward once
+    assert len(fa2_cpu_ops.ops("fwd")) == 4 and len(fa2_cpu_ops.ops("bwd")) == 2, fa2_cpu_ops.CALLS
+
+
+def test_training_with_attention_dropout_is_refused(fake):
     _, ours = _twin("llama")
-    ids, mask = _batch([4, 4])
+    ours.config.attention_dropout = 0.1
+    for layer in ours.model.layers:
+        layer.self_attn.attention_dropout = 0.1
     ours.train()
-    with pytest.raises(ValueError, match=r"forward-only"):
+    ids, mask = _batch([4, 4])
+    with pytest.raises(ValueError, match=r"no attention dropout.*attention_dropout to 0.0"):
         ours(input_ids=ids, attention_mask=mask)
 
 

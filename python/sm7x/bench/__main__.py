@@ -6,7 +6,7 @@ import sys
 
 BENCHMARKS = {
     "core": "sm7x core ops (rms_norm, ..., reshape_and_cache) vs plain torch",
-    "fa2": "sm7x FA2 forward vs torch SDPA's memory-efficient backend",
+    "fa2": "sm7x FA2 forward (--backward: forward + backward) vs torch SDPA's memory-efficient backend",
     "decode": "sm7x paged decode (split-KV) vs torch SDPA flash / memory-efficient",
     "generate": "transformers generate(): TTFT and decode tokens/s, sdpa vs sm7x",
 }

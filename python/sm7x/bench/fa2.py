@@ -1,6 +1,7 @@
-"""sm7x FA2 forward against torch SDPA's memory-efficient backend, in the same run.
+"""sm7x FA2 forward (or forward + backward) against torch SDPA's memory-efficient backend,
+in the same run.
 
-``[SM7X_FA2_FORCE=sm75] python -m sm7x.bench fa2 [--out fa2.json] [--plot fa2.png]``
+``[SM7X_FA2_FORCE=sm75] python -m sm7x.bench fa2 [--backward] [--out fa2.json] [--plot fa2.png]``
 
 The memory-efficient backend is the only fused SDPA backend that runs on Volta/Turing,
 so it is the baseline a user of these GPUs has. fp16, ``--tokens`` tokens per batch
@@ -12,6 +13,15 @@ gets K/V expanded to 32 heads beforehand, outside its timing, as a model would p
 "% ceiling" is sm7x's TFLOP/s over the tensor-core ceiling of the library's own MMA
 instruction (sm_75 mma.m16n8k8, sm_70 mma.m8n8k4), measured in the same run by a
 register-only loop in the library (its mma_peak op), not taken from a datasheet.
+
+``--backward``: forward + backward through autograd (what a training step runs): sm7x's
+flash_attn_func then torch.autograd.grad for q, k, v, against SDPA memory-efficient's
+forward and backward on the same tensors. FLOP = 3.5x the forward's (the standard count:
+the backward does 2.5x the forward's matmul work). Default head dims 64/128/256 and
+seqlens 512..8192 (plus the GQA case; SDPA then differentiates expanded K/V, without the
+group sum). A head dim whose backward has no kernel in the library runs sm7x's float32
+fallback: its rows say so ("backward": "fallback"). Each cell also records how far sm7x's
+dq/dk/dv are from SDPA's (max abs difference over max abs SDPA gradient).
 
 On a V100 or T4 the library of the card runs its own SASS. On a GPU other than the arch's
 own the library is forced (``SM7X_FA2_FORCE``) and runs its PTX, JIT-compiled for that
@@ -33,6 +43,9 @@ from .core import _time
 DEFAULT_SEQLENS = (512, 2048, 8192)
 DEFAULT_HEAD_DIMS = (64, 80, 96, 128, 256)
 DEFAULT_GQA = ((128, 32, 8),)  # (head dim, query heads, kv heads)
+BACKWARD_SEQLENS = (512, 1024, 2048, 4096, 8192)
+BACKWARD_HEAD_DIMS = (64, 128, 256)
+FWD_BWD_FLOP_FACTOR = 3.5  # forward 1 + backward 2.5 (the backward's five matmuls vs two)
 CEILING_BLOCKS_PER_SM = 8
 CEILING_ITERS = 4096
 
@@ -129,6 +142,113 @@ def run(seqlens=DEFAULT_SEQLENS, head_dims=DEFAULT_HEAD_DIMS, tokens: int = 1638
             "tokens": tokens, "results": rows}
 
 
+def _baseline_backend():
+    """SDPA's memory-efficient backend (a function, so the CPU test can swap it)."""
+    from torch.nn.attention import SDPBackend
+
+    return SDPBackend.EFFICIENT_ATTENTION
+
+
+def attention_flops(b: int, h: int, s: int, d: int, causal: bool, backward: bool) -> float:
+    """4 b h s^2 d for the forward (halved when causal), x3.5 with the backward."""
+    fwd = 4 * b * h * s * s * d / (2 if causal else 1)
+    return fwd * FWD_BWD_FLOP_FACTOR if backward else fwd
+
+
+def backward_row(d, h, hk, s, causal, tokens, iters, repeats, deterministic, device, timer,
+                 path: str) -> dict:
+    """One cell of --backward: sm7x and SDPA memory-efficient forward + backward, timed
+    with ``timer(fn, iters, repeats)``; their gradient difference; ``path`` is "kernel" or
+    "fallback" (which backward sm7x runs for d)."""
+    from torch.nn.attention import sdpa_kernel
+
+    from ..fa2 import flash_attn_func
+
+    b = max(1, tokens // s)
+    g = torch.Generator(device=device).manual_seed(s * 131 + d)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.float16, generator=g)
+
+    q, k, v = randn(b, s, h, d), randn(b, s, hk, d), randn(b, s, hk, d)
+    dout = randn(b, s, h, d)
+    ours_in = [t.requires_grad_(True) for t in (q, k, v)]
+    # SDPA: [b, heads, s, d] leaves, K/V expanded per query head for GQA
+    sq_, sk_, sv_ = (t.detach().transpose(1, 2) for t in (q, k, v))
+    if hk != h:
+        sk_, sv_ = (t.repeat_interleave(h // hk, dim=1) for t in (sk_, sv_))
+    sdpa_in = [t.contiguous().requires_grad_(True) for t in (sq_, sk_, sv_)]
+    dout_t = dout.transpose(1, 2)
+
+    def ours():
+        out = flash_attn_func(*ours_in, causal=causal, deterministic=deterministic)
+        return torch.autograd.grad(out, ours_in, dout)
+
+    def sdpa():
+        out = torch.nn.functional.scaled_dot_product_attention(*sdpa_in, is_causal=causal)
+        return torch.autograd.grad(out, sdpa_in, dout_t)
+
+    with sdpa_kernel(_baseline_backend()):
+        ref_grads = sdpa()
+        t_sdpa = timer(sdpa, iters, repeats)
+    our_grads = ours()
+    if path == "fallback":  # float32 math: slow, a few samples say enough
+        iters, repeats = 1, min(repeats, 3)
+    t_ours = timer(ours, iters, repeats)
+    diffs = []
+    for n, (a, r) in enumerate(zip(our_grads, ref_grads)):
+        r = r.transpose(1, 2)
+        if n and hk != h:  # SDPA's per-query-head dk/dv summed over each group
+            r = r.reshape(b, s, hk, h // hk, d).sum(3)
+        diffs.append((a.float() - r.float()).abs().max().item()
+                     / max(r.float().abs().max().item(), 1e-6))
+    flops = attention_flops(b, h, s, d, causal, True)
+    del ours_in, sdpa_in, our_grads, ref_grads
+    return {"head_dim": d, "heads": h, "kv_heads": hk, "seqlen": s, "batch": b, "causal": causal,
+            "backward": path, "sm7x_tflops": flops / t_ours / 1e12,
+            "sdpa_eff_tflops": flops / t_sdpa / 1e12, "ratio": t_sdpa / t_ours,
+            "sm7x_ms": t_ours * 1e3, "sdpa_eff_ms": t_sdpa * 1e3,
+            "grad_rel_diff": max(diffs)}
+
+
+def run_backward(seqlens=BACKWARD_SEQLENS, head_dims=BACKWARD_HEAD_DIMS, tokens: int = 16384,
+                 head_elems: int = 2048, iters: int = 5, repeats: int = 10, gqa=DEFAULT_GQA,
+                 deterministic: bool = False, device: str = "cuda") -> dict:
+    """--backward: forward + backward TFLOP/s of sm7x and SDPA memory-efficient per cell.
+    ``device="cpu"`` is the unit tests' smoke run (a stand-in library, wall-clock timing)."""
+    from ..fa2 import _autograd, _ops_for
+
+    if device == "cpu":
+        def timer(fn, it, rep):
+            return _time(fn, it, rep, graph=False, dev="cpu")
+        dev_name, cap, arch, ceiling = "cpu", (0, 0), "cpu", None
+    else:
+        def timer(fn, it, rep):
+            return _time(fn, it, rep, graph=False)
+        idx = torch.cuda.current_device()
+        dev_name, cap = torch.cuda.get_device_name(idx), tuple(torch.cuda.get_device_capability(idx))
+        arch = library_arch(idx)
+        ceiling = ceiling_tflops(idx, iters, repeats)
+    rows = []
+    for d, h, hk in cases(head_dims, gqa, head_elems):
+        probe = torch.empty(0, device=device)
+        ok, why = _autograd._backward_kernel(_ops_for(probe), d)
+        for s in seqlens:
+            for causal in (False, True):
+                row = backward_row(d, h, hk, s, causal, tokens, iters, repeats, deterministic,
+                                   device, timer, "kernel" if ok else "fallback")
+                row["pct_ceiling"] = 100 * row["sm7x_tflops"] / ceiling if ceiling else None
+                if not ok:
+                    row["fallback_reason"] = why
+                rows.append(row)
+    forced = os.environ.get(_select.FORCE_ENV)
+    return {"mode": "forward+backward", "flop_factor": FWD_BWD_FLOP_FACTOR,
+            "deterministic": deterministic, "device": dev_name, "capability": list(cap),
+            "torch": torch.__version__, "forced": forced, "library": arch,
+            "note": gpu_note(cap, arch, forced) if device != "cpu" else None,
+            "mma_ceiling_tflops": ceiling, "tokens": tokens, "results": rows}
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0f}%"
 
@@ -140,13 +260,19 @@ def print_table(result: dict) -> None:
           f"library {result['library']}, forced={result['forced']}; "
           + (f"mma ceiling {result['mma_ceiling_tflops']:.0f} TFLOP/s" if result["mma_ceiling_tflops"]
              else "no mma ceiling (this library has no mma_peak op)"))
+    backward = result.get("mode") == "forward+backward"
+    if backward:
+        print(f"forward + backward (FLOP = {result['flop_factor']}x the forward's), "
+              f"deterministic={result['deterministic']}")
     print(f"{'d':>4} {'heads':>6} {'seqlen':>6} {'batch':>5} {'causal':>6} {'sm7x TFLOP/s':>12} "
-          f"{'% ceiling':>9} {'SDPA-eff TFLOP/s':>16} {'ratio':>6}")
+          f"{'% ceiling':>9} {'SDPA-eff TFLOP/s':>16} {'ratio':>6}"
+          + (f" {'backward':>8} {'grad diff':>9}" if backward else ""))
     for r in result["results"]:
         heads = f"{r['heads']}/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else str(r["heads"])
         print(f"{r['head_dim']:>4} {heads:>6} {r['seqlen']:>6} {r['batch']:>5} {str(r['causal']):>6} "
               f"{r['sm7x_tflops']:>12.1f} {_pct(r['pct_ceiling']):>9} {r['sdpa_eff_tflops']:>16.1f} "
-              f"{r['ratio']:>6.2f}")
+              f"{r['ratio']:>6.2f}"
+              + (f" {r['backward']:>8} {r['grad_rel_diff']:>9.1e}" if backward else ""))
 
 
 def draw(result: dict, plt):
@@ -164,13 +290,28 @@ def draw(result: dict, plt):
                       "SDPA mem-efficient": [r["sdpa_eff_tflops"] for r in rs]})
         if result["mma_ceiling_tflops"]:
             ax.axhline(result["mma_ceiling_tflops"], color="gray", linestyle="--", label="mma ceiling")
-        ax.set_title(f"head dim {d}" + (f", GQA {h}/{hk}" if h != hk else ""))
+        fallback = any(r.get("backward") == "fallback" for r in rs)
+        ax.set_title(f"head dim {d}" + (f", GQA {h}/{hk}" if h != hk else "")
+                     + (" (fp32 fallback backward)" if fallback else ""))
         ax.set_xlabel("seqlen (c = causal)")
         ax.set_ylabel("TFLOP/s")
     axes[0][0].legend()
-    fig.suptitle(f"sm7x FA2 forward ({result['library']}) vs SDPA memory-efficient, "
+    what = "forward + backward" if result.get("mode") == "forward+backward" else "forward"
+    fig.suptitle(f"sm7x FA2 {what} ({result['library']}) vs SDPA memory-efficient, "
                  f"{result['device']}, fp16")
     return fig
+
+
+def _ints(flag: str, text: str | None, default) -> list[int]:
+    if text is None:
+        return list(default)
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: {text!r} is not a comma-separated list of ints") from None
+    if not out or min(out) < 1:
+        raise ValueError(f"{flag}: {text!r}: give positive ints, e.g. 512,2048")
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -180,23 +321,40 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib)")
-    p.add_argument("--seqlens", default=",".join(map(str, DEFAULT_SEQLENS)))
-    p.add_argument("--head-dims", default=",".join(map(str, DEFAULT_HEAD_DIMS)))
+    p.add_argument("--backward", action="store_true",
+                   help="time forward + backward (training) instead of the forward")
+    p.add_argument("--deterministic", action="store_true",
+                   help="with --backward: sm7x's deterministic backward")
+    p.add_argument("--seqlens", help="comma-separated (default: "
+                   f"{','.join(map(str, DEFAULT_SEQLENS))}; with --backward "
+                   f"{','.join(map(str, BACKWARD_SEQLENS))})")
+    p.add_argument("--head-dims", help="comma-separated (default: "
+                   f"{','.join(map(str, DEFAULT_HEAD_DIMS))}; with --backward "
+                   f"{','.join(map(str, BACKWARD_HEAD_DIMS))})")
     p.add_argument("--gqa", default=",".join(f"{d}:{h}/{hk}" for d, h, hk in DEFAULT_GQA),
                    help="GQA cases d:heads/kv_heads, comma-separated ('' for none; default %(default)s)")
     p.add_argument("--tokens", type=int, default=16384, help="tokens per batch (default: %(default)s)")
     p.add_argument("--iters", type=int, default=5, help="calls per timed sample")
     p.add_argument("--repeats", type=int, default=10, help="timed samples (median taken)")
     a = p.parse_args(argv)
+    try:
+        gqa = parse_gqa(a.gqa)
+        seqlens = _ints("--seqlens", a.seqlens,
+                        BACKWARD_SEQLENS if a.backward else DEFAULT_SEQLENS)
+        head_dims = _ints("--head-dims", a.head_dims,
+                          BACKWARD_HEAD_DIMS if a.backward else DEFAULT_HEAD_DIMS)
+    except ValueError as e:
+        p.error(str(e))
+    if a.deterministic and not a.backward:
+        p.error("--deterministic needs --backward (the forward always is deterministic)")
     if not torch.cuda.is_available():
         print("sm7x.bench fa2: needs a CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
-    try:
-        gqa = parse_gqa(a.gqa)
-    except ValueError as e:
-        p.error(str(e))
-    result = run([int(s) for s in a.seqlens.split(",")], [int(d) for d in a.head_dims.split(",")],
-                 a.tokens, iters=a.iters, repeats=a.repeats, gqa=gqa)
+    if a.backward:
+        result = run_backward(seqlens, head_dims, a.tokens, iters=a.iters, repeats=a.repeats,
+                              gqa=gqa, deterministic=a.deterministic)
+    else:
+        result = run(seqlens, head_dims, a.tokens, iters=a.iters, repeats=a.repeats, gqa=gqa)
     print_table(result)
     _output.write(result, a.out, a.plot, draw)
     return 0

@@ -1,13 +1,28 @@
-"""sm7x FlashAttention-2 forward for Volta/Turing, with flash-attn's Python API.
+"""sm7x FlashAttention-2 for Volta/Turing, with flash-attn's Python API.
 
 ``flash_attn_func(q, k, v, ...)`` on ``[batch, seqlen, num_heads, head_dim]`` and
 ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 max_seqlen_k, ...)`` on packed ``[total_tokens, num_heads, head_dim]`` take flash-attn
-2.x's names, shapes and defaults. Supported: float16; head dims that are multiples of 8 up
-to MAX_HEAD_DIM (kernels compiled for COMPILED_HEAD_DIMS; other sizes run padded); causal
-(bottom-right aligned when seqlen_q != seqlen_k, as flash-attn >= 2.1); sliding window;
-softcap; GQA/MQA (num_heads a multiple of num_kv_heads). Not supported: dropout (inference
-kernels: dropout_p must be 0), ALiBi, backward (inputs that require grad are refused).
+2.x's names, shapes and defaults, and so do the packed variants
+``flash_attn_qkvpacked_func``, ``flash_attn_kvpacked_func``,
+``flash_attn_varlen_qkvpacked_func`` and ``flash_attn_varlen_kvpacked_func``. Supported:
+float16; head dims that are multiples of 8 up to MAX_HEAD_DIM (kernels compiled for
+COMPILED_HEAD_DIMS; other sizes run padded); causal (bottom-right aligned when seqlen_q !=
+seqlen_k, as flash-attn >= 2.1); sliding window; softcap; GQA/MQA (num_heads a multiple of
+num_kv_heads). Not supported: dropout (dropout_p must be 0), ALiBi.
+
+Training (``_autograd.py``): these six functions are differentiable. With inputs that
+require grad (or under torch.compile) they run as registered custom ops
+(``torch.ops.sm7x_fa2.attn`` / ``attn_varlen``) whose autograd saves q, k, v, out and the
+LSE (no S/P) and calls the library's backward kernels (``bwd`` / ``bwd_varlen``): dq, dk,
+dv, with dk/dv summed over each GQA group; ``deterministic=True`` asks the kernels for a
+fixed accumulation order (bit-identical gradients run to run). They trace under
+torch.compile (fullgraph) and recompute under torch.utils.checkpoint (reentrant or not).
+Where a library has no backward kernel for a head dim (``bwd_supported(head_dim)`` false,
+e.g. 256 on Turing), that backward runs in float32 PyTorch math instead, with a one-time
+:class:`BackwardFallbackWarning` naming the head dim and why. The serving entry points
+(``block_table``/``seqused_k``, ``flash_attn_with_kvcache``) stay inference-only: inputs
+that require grad are refused there.
 
 Serving (``_serving.py``): ``flash_attn_varlen_func(..., block_table=, seqused_k=)`` reads
 keys from a paged cache ``[num_blocks, page_size, num_kv_heads, head_dim]`` the way vLLM's
@@ -37,8 +52,10 @@ except ImportError as exc:
 from .. import _args, _select, _targets
 from . import _loader
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "plan_decode",
-           "DecodePlan", "MAX_HEAD_DIM", "COMPILED_HEAD_DIMS"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
+           "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "plan_decode",
+           "DecodePlan", "BackwardFallbackWarning", "MAX_HEAD_DIM", "COMPILED_HEAD_DIMS"]
 
 MAX_HEAD_DIM = _targets.fa2_max_head_dim()
 COMPILED_HEAD_DIMS = _targets.fa2_head_dims("sm75")  # both libraries compile the same list
@@ -84,7 +101,7 @@ def _check_tensor(name: str, t, fn: str) -> None:
 def _check_unsupported(fn: str, dropout_p, alibi_slopes) -> None:
     if dropout_p != 0.0:
         raise NotImplementedError(
-            f"sm7x.fa2.{fn}: dropout is not supported (inference kernels, forward only); "
+            f"sm7x.fa2.{fn}: attention dropout is not supported (the kernels have no dropout); "
             f"pass dropout_p=0.0 (got {dropout_p})"
         )
     if alibi_slopes is not None:
@@ -214,6 +231,17 @@ def _check_cuda(fn: str, q) -> None:
         )
 
 
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _differentiable(*tensors) -> bool:
+    """The call goes through the autograd custom ops (sm7x.fa2._autograd): an input requires
+    grad, or torch.compile traces it (the ops have fakes and do their layout work at run
+    time, where the direct path reads data pointers)."""
+    return torch.compiler.is_compiling() or _needs_grad(*tensors)
+
+
 def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
     """The kernels read 16-byte chunks: last dim contiguous, other strides multiples of 8."""
     ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
@@ -234,16 +262,21 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Returns ``out [batch, seqlen_q, num_heads, head_dim]``; with ``return_attn_probs``
     ``(out, softmax_lse [batch, num_heads, seqlen_q] fp32, None)`` (no dropout, so no
     S_dmask). Rows that see no key (causal with seqlen_q > seqlen_k, windows) give 0
-    and lse = +inf. ``deterministic`` is accepted: the forward always is.
+    and lse = +inf. Differentiable in q, k, v (not in softmax_lse). ``deterministic``:
+    the backward accumulates dq in a fixed order (the forward always is deterministic).
     """
     fn = "flash_attn_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
     heads, kv_heads, hd = _check_qkv(fn, q, k, v, 4, "[batch, seqlen, num_heads, head_dim]")
-    _serving.check_no_grad(fn, q, k, v)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"sm7x.fa2.{fn}: q has batch {q.shape[0]} but k has {k.shape[0]}")
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
+    deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
+    if _differentiable(q, k, v):
+        _check_cuda(fn, q)
+        out, lse = _autograd.attn(q, k, v, scale, causal, left, right, softcap, deterministic)
+        return (out, lse, None) if return_attn_probs else out
     ops, q, k, v, out = _prepare(fn, q, k, v)
     lse = torch.empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32, device=q.device)
     ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap)
@@ -270,6 +303,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequence (chunked prefill, speculative verification) use bottom-right causal masking.
     ``out``: written in place when given. ``scheduler_metadata``: a :class:`DecodePlan`
     from :func:`plan_decode` (no host sync, no workspace allocation: CUDA-graph capturable).
+    The paged call is inference-only; the others are differentiable in q, k, v (then
+    without ``out``), with ``deterministic`` as in :func:`flash_attn_func`.
     """
     fn = "flash_attn_varlen_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
@@ -283,7 +318,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise ValueError(f"sm7x.fa2.{fn}: scheduler_metadata plans calls over a KV cache; pass "
                          f"it with block_table/seqused_k")
     heads, kv_heads, hd = _check_qkv(fn, q, k, v, 3, "[total_tokens, num_heads, head_dim]")
-    _serving.check_no_grad(fn, q, k, v)
     for name, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(c, torch.Tensor):
             raise TypeError(f"sm7x.fa2.{fn}: {name} must be a torch.Tensor, got "
@@ -301,15 +335,89 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise ValueError(f"sm7x.fa2.{fn}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and "
                          f"cu_seqlens_k {tuple(cu_seqlens_k.shape)} must both be [batch + 1]")
     max_seqlen_q, max_seqlen_k = _check_max_seqlens(fn, max_seqlen_q, max_seqlen_k)
-    _check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
-    _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
+    deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
+    if _differentiable(q, k, v):
+        if out is not None and _needs_grad(q, k, v):
+            raise ValueError(f"sm7x.fa2.{fn}: out= cannot be combined with inputs that require "
+                             f"grad (autograd saves the op's own output); drop out=, or call "
+                             f"under torch.no_grad()")
+        _check_cuda(fn, q)
+        # the op checks cu_seqlens against q/k on the host when it runs (not traced)
+        res, lse = _autograd.attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                         max_seqlen_k, scale, causal, left, right, softcap,
+                                         deterministic)
+        if out is not None:  # compiled inference with out=
+            _check_tensor("out", out, fn)
+            if out.shape != res.shape:
+                raise ValueError(f"sm7x.fa2.{fn}: out must have q's shape {tuple(q.shape)}, got "
+                                 f"{tuple(out.shape)}")
+            res = out.copy_(res)
+        return (res, lse, None) if return_attn_probs else res
+    _check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
+    _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     ops, q, k, v, out = _prepare(fn, q, k, v, out)
     lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)
     ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                    max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _unpack(fn: str, name: str, t, nd: int, n: int, layout: str):
+    """The n views (q, k, v or k, v) of a packed tensor along its dim -3."""
+    _check_tensor(name, t, fn)
+    if t.dim() != nd or t.shape[-3] != n:
+        raise ValueError(f"sm7x.fa2.{fn}: {name} must be {nd}-D {layout}, got shape "
+                         f"{tuple(t.shape)}")
+    return t.unbind(-3)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` on ``qkv [batch, seqlen, 3, num_heads, head_dim]`` (q, k and
+    v read in place through strided views; the gradient is ``[..., 3, ...]`` like qkv)."""
+    q, k, v = _unpack("flash_attn_qkvpacked_func", "qkv", qkv, 5, 3,
+                      "[batch, seqlen, 3, num_heads, head_dim]")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` with ``kv [batch, seqlen_k, 2, num_kv_heads, head_dim]``."""
+    k, v = _unpack("flash_attn_kvpacked_func", "kv", kv, 5, 2,
+                   "[batch, seqlen_k, 2, num_kv_heads, head_dim]")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` on ``qkv [total_tokens, 3, num_heads, head_dim]``
+    (the same sequences for queries and keys)."""
+    q, k, v = _unpack("flash_attn_varlen_qkvpacked_func", "qkv", qkv, 4, 3,
+                      "[total_tokens, 3, num_heads, head_dim]")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` with ``kv [total_k, 2, num_kv_heads, head_dim]``."""
+    k, v = _unpack("flash_attn_varlen_kvpacked_func", "kv", kv, 4, 2,
+                   "[total_k, 2, num_kv_heads, head_dim]")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -343,5 +451,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                  scheduler_metadata)
 
 
-from . import _serving  # noqa: E402  (uses the helpers above)
+from . import _autograd, _serving  # noqa: E402  (use the helpers above)
+from ._autograd import BackwardFallbackWarning  # noqa: E402
 from ._serving import DecodePlan, plan_decode  # noqa: E402

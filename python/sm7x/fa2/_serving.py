@@ -226,14 +226,16 @@ def _plan_for(fn, ops, q, batch, sq, sk, heads, kv_heads, hd, num_splits, given)
 
 
 def check_no_grad(fn: str, *tensors) -> None:
-    """The kernels are forward-only: an input that requires grad would get a silently
-    detached output."""
+    """The serving entry points (a paged or contiguous KV cache) are inference-only: an input
+    that requires grad would get a silently detached output."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in tensors):
         raise RuntimeError(
-            f"sm7x.fa2.{fn}: an input requires grad, but sm7x's FA2 kernels are forward-only "
-            f"(no backward): call it under torch.no_grad() / torch.inference_mode(), or pass "
-            f"detached tensors (.detach())")
+            f"sm7x.fa2.{fn}: an input requires grad, but attention over a KV cache (block_table, "
+            f"seqused_k, flash_attn_with_kvcache) is forward-only, for inference: call it under "
+            f"torch.no_grad() / torch.inference_mode() or pass detached tensors (.detach()); "
+            f"to train, call flash_attn_func / flash_attn_varlen_func on q, k, v without a cache "
+            f"(those are differentiable)")
 
 
 def _check_index(fn: str, name: str, t, q, shape: tuple) -> None:

@@ -17,10 +17,17 @@ idempotently)::
   kernels (a page table derived from the cache's read indices), sliding-window layers
   from the keys the cache gathers.
 
+Training (``model.train()``, inputs that require grad, LoRA/PEFT, gradient checkpointing):
+the calls a forward without a cache makes (``flash_attn_func``; ``flash_attn_varlen_func``
+for padded or packed batches) are differentiable and run sm7x's backward kernels
+(sm7x.fa2's autograd ops); fp32 activations under fp16 autocast are cast as in
+transformers' flash path. Calls over a KV cache (decode, chunked prefill) are
+inference-only and refuse inputs that require grad.
+
 What sm7x cannot do is refused with a ``ValueError`` that says what and what to use
 instead, never computed differently: bf16 (Volta and Turing have no bf16 tensor cores:
 load the model in float16), an arbitrary (4-D) attention mask, ``output_attentions``,
-attention sinks, dropout, and backward (sm7x's FA2 is forward-only).
+attention sinks, attention dropout in training mode.
 
 This module imports torch, transformers and sm7x.fa2; ``import sm7x`` imports none.
 """
@@ -81,8 +88,9 @@ def _check_call(module, query, attention_mask, dropout, kwargs) -> None:
     if kwargs.get("s_aux") is not None:
         _refuse("has no attention sinks (s_aux)", "use attn_implementation='eager' or 'sdpa'")
     if dropout and module.training:
-        _refuse(f"is inference-only: attention dropout {dropout} in training mode",
-                "call model.eval(), or train with attn_implementation='sdpa'")
+        _refuse(f"has no attention dropout (got {dropout} in training mode)",
+                "set the model config's attention_dropout to 0.0, or train with "
+                "attn_implementation='sdpa'")
     if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
                                        or attention_mask.dim() != 2):
         shape = (tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor)
@@ -90,9 +98,6 @@ def _check_call(module, query, attention_mask, dropout, kwargs) -> None:
         _refuse(f"takes padding masks [batch, keys] (what transformers builds for it), not an "
                 f"arbitrary attention mask {shape}",
                 "use attn_implementation='sdpa' or 'eager' for custom masks")
-    if query.requires_grad and torch.is_grad_enabled():
-        _refuse("is forward-only (no backward kernels)",
-                "run under torch.no_grad()/torch.inference_mode(), or train with 'sdpa'")
 
 
 # ---------------------------------------------------------------------------------------
