@@ -59,3 +59,11 @@ def test_plot(tmp_path):
     fig = B.draw(_result(400.0), plt)
     assert [ax.get_title() for ax in fig.axes] == ["head dim 128, GQA 32/8", "head dim 128"]
     fig.savefig(tmp_path / "fa2.png")
+
+
+def test_table_says_when_sm7x_runs_at_a_smaller_cards_occupancy(capsys):
+    B.print_table(dict(_result(400.0), occupancy_of="t4"))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("sm7x's CTAs per SM capped at a T4's (64 KB shared memory, 1024 threads per "
+                      "SM); SDPA runs uncapped")
+    assert "library sm75" in out[1]
