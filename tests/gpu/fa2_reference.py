@@ -153,11 +153,19 @@ def check_varlen(tag, d, causal):
         _compare(f"{tag}varlen d={d}", out[a:b_][None], lse[:, a:b_][None], ro, rl)
 
 
+def _library_ops():
+    """The op namespace of the library that runs on the current device, loaded (a test run
+    alone, e.g. with -k, may be the first to touch it)."""
+    from sm7x.fa2 import _ops_for
+
+    return _ops_for(torch.empty(1, device="cuda"))
+
+
 def check_mma_peak(arch):
     """The benchmark's ceiling loop (mma_peak) really runs its MMAs: every thread's sum of
     accumulators is iters x 8 chains x (its share of A.B) for the constant fp16 operands, and
     the FLOP it reports follow from its launch."""
-    ops = getattr(torch.ops, f"sm7x_fa2_{arch}")
+    ops = _library_ops()
     out = torch.full((2 * 256,), float("nan"), device="cuda")
     iters = 16
     flop = ops.mma_peak(out, iters)
@@ -340,7 +348,8 @@ def check_occupancy_emulation(arch):
     from sm7x import _targets
     from sm7x.bench.fa2 import OCCUPANCY_CARDS
 
-    ops = getattr(torch.ops, f"sm7x_fa2_{arch}")
+    ops = _library_ops()
+    assert ops.name == f"sm7x_fa2_{arch}"
     smem_cap, threads_cap = OCCUPANCY_CARDS["t4" if arch == "sm75" else "v100"]
     dev = torch.cuda.current_device()
     free = {d: ops.serving_ctas_per_sm(dev, d, True) for d in _targets.fa2_head_dims(arch)}
