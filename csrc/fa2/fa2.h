@@ -144,6 +144,15 @@ bool bwd_supported(int head_dim);
 int bwd(const BwdParams& p, cudaStream_t stream);
 int run_bwd_preprocess(const BwdParams& p, cudaStream_t stream);
 int run_bwd_convert_dq(const BwdParams& p, cudaStream_t stream);
+// Occupancy emulation, for measuring on a GPU larger than the arch's own card (the
+// benchmark's --occupancy-of; occupancy.cu). With smem_per_sm > 0 every kernel launch pads
+// its dynamic shared memory so that no more CTAs share an SM than would on a card with
+// smem_per_sm bytes of shared memory and threads_per_sm threads per SM (registers: the
+// same 64 K on every card these libraries target and on newer ones). 0: off (default).
+void set_occupancy_emulation(int smem_per_sm, int threads_per_sm);
+// The dynamic shared memory a launch of a kernel with smem_bytes and threads asks for on
+// the current device: smem_bytes, or the padded size while emulation is on.
+int launch_smem_bytes(int smem_bytes, int threads);
 
 // run_fwd of the smallest compiled head dim >= p.head_dim (dispatch.cu);
 // cudaErrorInvalidValue when p.head_dim is larger than all of them.

@@ -706,6 +706,16 @@ int64_t mma_peak_op(Tensor out, int64_t iters) {
   return flop;
 }
 
+// The benchmark's occupancy emulation (fa2.h set_occupancy_emulation); 0, 0 turns it off.
+void set_occupancy_emulation_op(int64_t smem_per_sm, int64_t threads_per_sm) {
+  const char* op = "set_occupancy_emulation";
+  FA2_CHECK(smem_per_sm >= 0 && smem_per_sm <= (1 << 30), op,
+            "smem_per_sm must be in [0, 2^30] bytes (0 = off), got ", smem_per_sm);
+  FA2_CHECK(threads_per_sm >= 0 && threads_per_sm <= 4096, op,
+            "threads_per_sm must be in [0, 4096] (0 = no thread cap), got ", threads_per_sm);
+  set_occupancy_emulation(static_cast<int>(smem_per_sm), static_cast<int>(threads_per_sm));
+}
+
 }  // namespace
 }  // namespace fa2
 }  // namespace sm7x
@@ -738,6 +748,7 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
   m.def("bwd_supported(int head_dim) -> bool");
   m.def("serving_ctas_per_sm(int device, int head_dim, bool wide) -> int");
   m.def("mma_peak(Tensor(a!) out, int iters) -> int");
+  m.def("set_occupancy_emulation(int smem_per_sm, int threads_per_sm) -> ()");
 }
 
 // CPU too, only so that CPU tensors get the op's own message ("must be a CUDA tensor")
@@ -756,4 +767,5 @@ SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CPU, m) { SM7X_FA2_IMPLS(m); }
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CompositeExplicitAutograd, m) {
   m.impl("serving_ctas_per_sm", TORCH_BOX(&sm7x::fa2::serving_ctas_per_sm_op));
   m.impl("bwd_supported", TORCH_BOX(&sm7x::fa2::bwd_supported_op));
+  m.impl("set_occupancy_emulation", TORCH_BOX(&sm7x::fa2::set_occupancy_emulation_op));
 }

@@ -153,11 +153,19 @@ def check_varlen(tag, d, causal):
         _compare(f"{tag}varlen d={d}", out[a:b_][None], lse[:, a:b_][None], ro, rl)
 
 
+def _library_ops():
+    """The op namespace of the library that runs on the current device, loaded (a test run
+    alone, e.g. with -k, may be the first to touch it)."""
+    from sm7x.fa2 import _ops_for
+
+    return _ops_for(torch.empty(1, device="cuda"))
+
+
 def check_mma_peak(arch):
     """The benchmark's ceiling loop (mma_peak) really runs its MMAs: every thread's sum of
     accumulators is iters x 8 chains x (its share of A.B) for the constant fp16 operands, and
     the FLOP it reports follow from its launch."""
-    ops = getattr(torch.ops, f"sm7x_fa2_{arch}")
+    ops = _library_ops()
     out = torch.full((2 * 256,), float("nan"), device="cuda")
     iters = 16
     flop = ops.mma_peak(out, iters)
@@ -330,3 +338,30 @@ def apply_rotary(x, cos, sin, positions, interleaved):
         x1, x2 = xr[..., :rd // 2], xr[..., rd // 2:]
         rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
     return torch.cat((rot, x[..., rd:]), dim=-1)
+
+
+def check_occupancy_emulation(arch):
+    """set_occupancy_emulation (the benchmark's --occupancy-of) caps the CTAs per SM of every
+    kernel at what a card with that much shared memory and those threads holds, and 0, 0
+    lifts the cap: seen through serving_ctas_per_sm, the occupancy query of the launches'
+    own shared-memory size, for the wide serving kernels (the prefill tiles)."""
+    from sm7x import _targets
+    from sm7x.bench.fa2 import OCCUPANCY_CARDS
+
+    ops = _library_ops()
+    assert ops.name == f"sm7x_fa2_{arch}"
+    smem_cap, threads_cap = OCCUPANCY_CARDS["t4" if arch == "sm75" else "v100"]
+    dev = torch.cuda.current_device()
+    free = {d: ops.serving_ctas_per_sm(dev, d, True) for d in _targets.fa2_head_dims(arch)}
+    try:
+        ops.set_occupancy_emulation(smem_cap, threads_cap)
+        for d, n_free in free.items():
+            k = _targets.fa2_kernel(arch, d)
+            threads = k["block_m"] // 16 * 32  # the wide serving kernel runs 16 rows per warp
+            want = max(1, min(smem_cap // k["smem_bytes"], threads_cap // threads, n_free))
+            assert ops.serving_ctas_per_sm(dev, d, True) == want, (d, k, n_free)
+    finally:
+        ops.set_occupancy_emulation(0, 0)
+    assert {d: ops.serving_ctas_per_sm(dev, d, True) for d in free} == free
+    with pytest.raises(RuntimeError, match="smem_per_sm must be"):
+        ops.set_occupancy_emulation(-1, 0)

@@ -136,3 +136,11 @@ def test_backward_cli_without_cuda(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert B.main(["--backward"]) == 1
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_table_says_when_sm7x_runs_at_a_smaller_cards_occupancy(capsys):
+    B.print_table(dict(_result(400.0), occupancy_of="t4"))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("sm7x's CTAs per SM capped at a T4's (64 KB shared memory, 1024 threads per "
+                      "SM); SDPA runs uncapped")
+    assert "library sm75" in out[1]

@@ -193,9 +193,10 @@ def test_missing_library_message(monkeypatch, packaged_by, cap, arch):
 
 
 def test_dtype_error():
-    err = dtype_error("torch.bfloat16")
+    err = dtype_error("sm7x.fa2.flash_attn_func: q", "torch.bfloat16")
     assert isinstance(err, TypeError)
-    assert "torch.bfloat16" in str(err) and ".half()" in str(err) and "bf16" in str(err)
+    assert str(err).startswith("sm7x.fa2.flash_attn_func: q is torch.bfloat16: ")
+    assert ".half()" in str(err) and "bf16" in str(err)
 
 
 def test_head_dim_error():

@@ -11,11 +11,14 @@ namespace sm7x {
 namespace fa2 {
 namespace detail {
 
+// The launch's dynamic shared memory (the config's, or padded by the occupancy
+// emulation, fa2.h), opted in per kernel above the default 48 KB limit.
 template <class C, class Kernel>
-int set_smem(Kernel kernel) {
-  if (C::kSmemBytes > 48 * 1024)  // above the default limit: opt in, per kernel
-    return static_cast<int>(cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+int set_smem(Kernel kernel, int& smem) {
+  smem = launch_smem_bytes(C::kSmemBytes, C::kThreads);
+  if (smem > 48 * 1024)
+    return static_cast<int>(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   return 0;
 }
 
@@ -23,18 +26,19 @@ template <class C, class Kernel>
 int launch(Kernel kernel, const FwdParams& p, cudaStream_t stream) {
   const int mblocks = (p.seqlen_q + C::kBlockM - 1) / C::kBlockM;
   if (mblocks == 0 || p.batch == 0 || p.heads == 0) return 0;
-  if (const int e = set_smem<C>(kernel)) return e;
+  int smem;
+  if (const int e = set_smem<C>(kernel, smem)) return e;
   dim3 grid(mblocks, p.heads, p.batch);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  kernel<<<grid, C::kThreads, smem, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 
 // Resident CTAs per SM of a kernel (what the split planner counts on); 0 on error.
 template <class C, class Kernel>
 int occupancy(Kernel kernel) {
-  int n = 0;
-  if (set_smem<C>(kernel) != 0 ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, C::kThreads, C::kSmemBytes) !=
+  int n = 0, smem;
+  if (set_smem<C>(kernel, smem) != 0 ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, C::kThreads, smem) !=
           cudaSuccess)
     return 0;
   return n;
@@ -46,9 +50,10 @@ int launch_serving(Kernel kernel, const FwdParams& p, cudaStream_t stream) {
   const int rows = p.seqlen_q * p.group;
   const int mblocks = (rows + C::kBlockM - 1) / C::kBlockM;
   if (mblocks == 0 || p.num_partitions == 0 || p.kv_heads == 0) return 0;
-  if (const int e = set_smem<C>(kernel)) return e;
+  int smem;
+  if (const int e = set_smem<C>(kernel, smem)) return e;
   dim3 grid(mblocks, p.kv_heads, p.num_partitions);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  kernel<<<grid, C::kThreads, smem, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 

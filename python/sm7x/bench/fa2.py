@@ -48,6 +48,9 @@ BACKWARD_HEAD_DIMS = (64, 128, 256)
 FWD_BWD_FLOP_FACTOR = 3.5  # forward 1 + backward 2.5 (the backward's five matmuls vs two)
 CEILING_BLOCKS_PER_SM = 8
 CEILING_ITERS = 4096
+# --occupancy-of: shared memory and threads per SM of the cards these libraries are for
+# (registers, 64 K per SM, are the same on every GPU that runs them).
+OCCUPANCY_CARDS = {"t4": (64 * 1024, 1024), "v100": (96 * 1024, 2048)}
 
 
 def cases(head_dims, gqa=DEFAULT_GQA, head_elems: int = 2048) -> list[tuple[int, int, int]]:
@@ -104,16 +107,56 @@ def gpu_note(capability: tuple[int, int], arch: str, forced: str | None) -> str 
     return None
 
 
+class occupancy_of:
+    """Context: sm7x's kernels run no more CTAs per SM than they would on ``card`` (a key of
+    OCCUPANCY_CARDS, or None for no cap): on a larger GPU (an H200 holds 228 KB of shared
+    memory per SM, a T4 64 KB) a forced library otherwise runs more CTAs per SM than its
+    card can, and its speed says less about that card. SDPA is not capped."""
+
+    def __init__(self, card: str | None):
+        self.card = card
+
+    def __enter__(self):
+        if self.card is None:
+            return self
+        from ..fa2 import _ops_for
+
+        self.ops = _ops_for(torch.empty(1, device="cuda"))
+        if not hasattr(self.ops, "set_occupancy_emulation"):
+            raise RuntimeError("sm7x.bench fa2: --occupancy-of needs an sm7x FA2 library with the "
+                               "set_occupancy_emulation op (sm7x >= this release)")
+        self.ops.set_occupancy_emulation(*OCCUPANCY_CARDS[self.card])
+        return self
+
+    def __exit__(self, *exc):
+        if self.card is not None:
+            self.ops.set_occupancy_emulation(0, 0)
+        return False
+
+
 def run(seqlens=DEFAULT_SEQLENS, head_dims=DEFAULT_HEAD_DIMS, tokens: int = 16384,
-        head_elems: int = 2048, iters: int = 5, repeats: int = 10, gqa=DEFAULT_GQA) -> dict:
-    """head_elems: heads * head_dim of the MHA cases (2048: 32 heads at d64, 16 at d128)."""
+        head_elems: int = 2048, iters: int = 5, repeats: int = 10, gqa=DEFAULT_GQA,
+        occupancy: str | None = None) -> dict:
+    """head_elems: heads * head_dim of the MHA cases (2048: 32 heads at d64, 16 at d128);
+    occupancy: cap sm7x's CTAs per SM at a card's (see occupancy_of)."""
+    dev = torch.cuda.current_device()
+    arch = library_arch(dev)
+    ceiling = ceiling_tflops(dev, iters, repeats)
+    with occupancy_of(occupancy):
+        rows = _rows(seqlens, head_dims, tokens, head_elems, iters, repeats, gqa, ceiling)
+    cap = tuple(torch.cuda.get_device_capability(dev))
+    forced = os.environ.get(_select.FORCE_ENV)
+    return {"device": torch.cuda.get_device_name(dev), "capability": list(cap),
+            "torch": torch.__version__, "forced": forced, "library": arch,
+            "note": gpu_note(cap, arch, forced), "mma_ceiling_tflops": ceiling,
+            "occupancy_of": occupancy, "tokens": tokens, "results": rows}
+
+
+def _rows(seqlens, head_dims, tokens, head_elems, iters, repeats, gqa, ceiling) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..fa2 import flash_attn_func
 
-    dev = torch.cuda.current_device()
-    arch = library_arch(dev)
-    ceiling = ceiling_tflops(dev, iters, repeats)
     rows = []
     for d, h, hk in cases(head_dims, gqa, head_elems):
         for s in seqlens:
@@ -134,12 +177,7 @@ def run(seqlens=DEFAULT_SEQLENS, head_dims=DEFAULT_HEAD_DIMS, tokens: int = 1638
                              "sdpa_eff_tflops": flops / ref / 1e12, "ratio": ref / ours,
                              "pct_ceiling": 100 * flops / ours / 1e12 / ceiling if ceiling else None})
             del q, k, v, qt, kt, vt
-    cap = tuple(torch.cuda.get_device_capability(dev))
-    forced = os.environ.get(_select.FORCE_ENV)
-    return {"device": torch.cuda.get_device_name(dev), "capability": list(cap),
-            "torch": torch.__version__, "forced": forced, "library": arch,
-            "note": gpu_note(cap, arch, forced), "mma_ceiling_tflops": ceiling,
-            "tokens": tokens, "results": rows}
+    return rows
 
 
 def _baseline_backend():
@@ -256,6 +294,10 @@ def _pct(x: float | None) -> str:
 def print_table(result: dict) -> None:
     if result.get("note"):
         print(result["note"])
+    if result.get("occupancy_of"):
+        smem, threads = OCCUPANCY_CARDS[result["occupancy_of"]]
+        print(f"sm7x's CTAs per SM capped at a {result['occupancy_of'].upper()}'s ({smem // 1024} KB "
+              f"shared memory, {threads} threads per SM); SDPA runs uncapped")
     print(f"{result['device']} (capability {tuple(result['capability'])}), torch {result['torch']}, "
           f"library {result['library']}, forced={result['forced']}; "
           + (f"mma ceiling {result['mma_ceiling_tflops']:.0f} TFLOP/s" if result["mma_ceiling_tflops"]
@@ -336,6 +378,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tokens", type=int, default=16384, help="tokens per batch (default: %(default)s)")
     p.add_argument("--iters", type=int, default=5, help="calls per timed sample")
     p.add_argument("--repeats", type=int, default=10, help="timed samples (median taken)")
+    p.add_argument("--occupancy-of", choices=sorted(OCCUPANCY_CARDS),
+                   help="on a larger GPU: run sm7x's kernels at most as many CTAs per SM as this "
+                        "card holds (shared memory, threads)")
     a = p.parse_args(argv)
     try:
         gqa = parse_gqa(a.gqa)
@@ -350,11 +395,14 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("sm7x.bench fa2: needs a CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
+    if a.backward and a.occupancy_of:
+        p.error("--occupancy-of caps the forward kernels only: leave it out with --backward")
     if a.backward:
         result = run_backward(seqlens, head_dims, a.tokens, iters=a.iters, repeats=a.repeats,
                               gqa=gqa, deterministic=a.deterministic)
     else:
-        result = run(seqlens, head_dims, a.tokens, iters=a.iters, repeats=a.repeats, gqa=gqa)
+        result = run(seqlens, head_dims, a.tokens, iters=a.iters, repeats=a.repeats, gqa=gqa,
+                     occupancy=a.occupancy_of)
     print_table(result)
     _output.write(result, a.out, a.plot, draw)
     return 0
