@@ -309,7 +309,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     fn = "flash_attn_varlen_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
     if block_table is not None or seqused_k is not None:
-        return _serving.varlen_paged(
+        return _serving_module().varlen_paged(
             fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
             softcap=softcap, return_lse=return_attn_probs, block_table=block_table,
@@ -444,13 +444,26 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     fn = "flash_attn_with_kvcache"
     _check_unsupported(fn, 0.0, alibi_slopes)
-    return _serving.with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+    return _serving_module().with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  softmax_scale, causal, window_size, softcap,
                                  rotary_interleaved, num_splits, return_softmax_lse,
                                  scheduler_metadata)
 
 
-from . import _autograd, _serving  # noqa: E402  (use the helpers above)
+from . import _autograd  # noqa: E402  (uses the helpers above)
 from ._autograd import BackwardFallbackWarning  # noqa: E402
-from ._serving import DecodePlan, plan_decode  # noqa: E402
+
+
+def _serving_module():
+    """The serving paths (_serving.py), imported on first use: a prefill-only or training
+    process never pays its import (``import sm7x.fa2`` is held to 50 ms beyond torch)."""
+    from . import _serving
+
+    return _serving
+
+
+def __getattr__(name: str):
+    if name in ("DecodePlan", "plan_decode"):
+        return getattr(_serving_module(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
