@@ -51,3 +51,24 @@ def test_occupancy_rules():
     # T4: at most 32 warps and 64 KB per SM
     assert kernels.occupancy("sm75", 32, 100, 3840) == (16, 16)
     assert kernels.occupancy("sm75", 256, 114, 20480) == (2, 16)
+
+
+def test_backward_kernel_names_tiles_and_flop():
+    main = ("_ZN4sm7x3fa24sm7010bwd_kernelINS1_9BwdConfigILi128ELi64ELi32ELi64ELi32ELb0EEELi0EEEv"
+            "NS0_9BwdParamsE")
+    dv = ("_ZN4sm7x3fa24sm7510bwd_kernelINS1_9BwdConfigILi256ELi16ELi16ELi32ELi16ELb1EEELi1EEEv"
+          "NS0_9BwdParamsE")
+    dq = ("_ZN4sm7x3fa24sm7513bwd_dq_kernelINS1_9BwdConfigILi256ELi16ELi16ELi32ELi16ELb1EEEEEv"
+          "NS0_9BwdParamsE")
+    # main: block_n keys (16 per warp) x block_m queries; dQ kernel: dq_block_m queries (16 per warp)
+    assert kernels.bwd_key(main) == ("bwd", 128, 64, 32, 128, False)
+    assert kernels.bwd_key(dv) == ("bwd dV", 256, 16, 16, 32, True)
+    assert kernels.bwd_key(dq) == ("bwd dQ", 256, 32, 16, 64, True)
+    assert kernels.bwd_key(main.replace("bwd_kernel", "fwd_kernel")) is None
+    assert kernels.kernel_key(main) is None
+    # 2 * rows * cols * d per GEMM: 5 in the main kernel, 2 + 4 in the split passes, 3 in dQ
+    assert kernels.bwd_flop("bwd", 128, 64, 32, False) == 5 * 2 * 64 * 32 * 128
+    assert kernels.bwd_flop("bwd dV", 256, 16, 16, True) + kernels.bwd_flop(
+        "bwd dKdQ", 256, 16, 16, True) == 6 * 2 * 16 * 16 * 256
+    assert kernels.bwd_flop("bwd dQ", 128, 64, 32, False) == 3 * 2 * 64 * 32 * 128
+    assert kernels.bwd_flop("bwd dQ", 256, 32, 16, True) == int(2.5 * 2 * 32 * 16 * 256)

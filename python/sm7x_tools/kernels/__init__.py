@@ -1,7 +1,7 @@
 """Static analysis of the FA2 kernels from the SASS a library ships (no GPU needed).
 
 ``python -m sm7x_tools.kernels LIB.so [--json]`` prints, per FA2 kernel of the library (the
-sm_70 or sm_75 SASS cuobjdump finds in it): head dim and tile, threads, registers, shared
+sm_70 or sm_75 SASS cuobjdump finds in it; forward, serving and backward): head dim and tile, threads, registers, shared
 memory per block, the blocks and warps resident per SM of the arch's card (V100 for sm_70,
 T4 for sm_75: the occupancy rules of the CUDA occupancy calculator), and, from the body of
 the kernel's K/V-tile loop, the tensor-core instructions, the shared-memory bytes moved
@@ -43,6 +43,11 @@ WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 # (libraries built before warp_rows have no last FwdConfig argument: 16 rows per warp)
 KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELNS0_10KvPrefetchE\d+ELb[01]"
                     r"(?:ELi(\d+))?EEELb([01])EEEv")
+# bwd_kernel<BwdConfig<head_dim, block_n, block_m, dq_block_m, dq_block_n, split>, mode> and
+# bwd_dq_kernel<BwdConfig<...>> (common/bwd_common.cuh: mode 0 all, 1 dV only, 2 dK and dQ)
+BWD_KERNEL = re.compile(r"(bwd_kernel|bwd_dq_kernel)INS1_9BwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)"
+                        r"ELi(\d+)ELb([01])EEE(?:Li(\d)E)?E")
+BWD_MODES = {0: "bwd", 1: "bwd dV", 2: "bwd dKdQ"}
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 
 
@@ -58,12 +63,16 @@ class KernelStats:
     smem_bytes: int
     blocks_per_sm: int
     warps_per_sm: int
-    tensor_insns_per_tile: int  # per block
-    smem_bytes_per_tile: int  # per block
-    flop_per_tile: int  # 4 * block_m * block_n * head_dim
-    flop_per_smem_byte: float
-    tensor_flop_matches: bool
+    # per block and tile; None (backward only) where the loop body is not one tile: the
+    # compiler kept an inner loop (over head-dim slices) rolled, and its trip count is not
+    # in the SASS, so static counts would cover only part of a tile
+    tensor_insns_per_tile: int | None
+    smem_bytes_per_tile: int | None
+    flop_per_tile: int  # forward 4 * block_m * block_n * head_dim; backward bwd_flop
+    flop_per_smem_byte: float | None
+    tensor_flop_matches: bool | None
     card: str
+    kind: str = ""  # prefill, serving, bwd (dV, dKdQ: the two passes at d256), bwd dQ
 
 
 def tools(cuda_bin: str | None = None) -> str:
@@ -122,6 +131,29 @@ def kernel_threads(name: str) -> int:
     if not m:
         raise ValueError(f"not an FA2 fwd kernel: {name}")
     return int(m.group(2)) // int(m.group(4) or 16) * 32
+
+
+def bwd_key(name: str) -> tuple[str, int, int, int, int, bool] | None:
+    """(kind, head_dim, tile rows, tile columns, threads, split) of an FA2 backward kernel's mangled
+    name: the main kernel's tile is block_n keys x block_m queries (16 keys per warp), the
+    deterministic dQ kernel's dq_block_m queries x dq_block_n keys (16 queries per warp)."""
+    m = BWD_KERNEL.search(name)
+    if not m:
+        return None
+    fn, d, bn, bm, dbm, dbn = m.group(1), *(int(m.group(i)) for i in range(2, 7))
+    split = m.group(7) == "1"
+    if fn == "bwd_dq_kernel":
+        return "bwd dQ", d, dbm, dbn, dbm // 16 * 32, split
+    return BWD_MODES[int(m.group(8) or 0)], d, bn, bm, bn // 16 * 32, split
+
+
+def bwd_flop(kind: str, d: int, rows: int, cols: int, split: bool) -> int:
+    """FLOP of one tile (rows x cols) of a backward kernel: 2 * rows * cols * d per GEMM.
+    Main: S^T, dP^T, dV, dK and dQ (the dQ GEMM is in the loop body even when
+    deterministic=True skips it at run time); dV pass: S^T and dV; dK/dQ pass: S^T, dP^T,
+    dK, dQ. dQ kernel: S, dP and dQ (split: dQ of half the columns per CTA)."""
+    gemms = {"bwd": 5, "bwd dV": 2, "bwd dKdQ": 4, "bwd dQ": 2.5 if split else 3}[kind]
+    return int(gemms * 2 * rows * cols * d)
 
 
 def sass_functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
@@ -199,6 +231,9 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
     funcs = sass_functions(_run(exe, ["-sass", str(lib)], cuda_bin))
     out = []
     for name, insns in funcs.items():
+        if name in res and bwd_key(name) is not None:
+            out.append(_bwd_stats(name, insns, res[name], targets, lib))
+            continue
         key = kernel_key(name)
         if key is None or name not in res:
             continue
@@ -223,24 +258,54 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
         out.append(KernelStats(arch, d, bm, bn, bool(serving), threads, regs, smem, blocks,
                                resident, n_tensor * warps, smem_tile, flop,
                                round(flop / smem_tile, 2) if smem_tile else float("inf"),
-                               flop_warp * warps == flop, CARDS[arch]["card"]))
-    return sorted(out, key=lambda s: (s.arch, s.serving, s.head_dim, s.block_m))
+                               flop_warp * warps == flop, CARDS[arch]["card"],
+                               "serving" if serving else "prefill"))
+    order = ["prefill", "serving", "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"]
+    return sorted(out, key=lambda s: (s.arch, order.index(s.kind), s.head_dim, s.block_m))
+
+
+def _bwd_stats(name: str, insns, res: dict, targets: dict, lib) -> KernelStats:
+    kind, d, rows, cols, threads, split = bwd_key(name)
+    arch = res["arch"]
+    entry = next((e for e in targets.get("bwd_kernels", {}).get(arch, []) if e["head_dim"] == d),
+                 None)
+    if entry is None:
+        raise LookupError(f"{lib}: its {arch} d={d} backward kernel is not in the given "
+                          "targets.json: pass the one the library was built from (--targets)")
+    smem = entry["dq_smem_bytes" if kind == "bwd dQ" else "smem_bytes"] + res["shared"]
+    body = tile_loop(insns)
+    n_tensor, flop_warp = tensor_flop_per_warp(body)
+    warps = threads // 32
+    smem_tile = smem_bytes_per_warp(body) * warps
+    flop = bwd_flop(kind, d, rows, cols, split)
+    blocks, resident = occupancy(arch, threads, res["reg"], smem)
+    if flop_warp * warps != flop:  # see KernelStats: no per-tile figures from a rolled loop
+        return KernelStats(arch, d, rows, cols, False, threads, res["reg"], smem, blocks,
+                           resident, None, None, flop, None, None, CARDS[arch]["card"], kind)
+    return KernelStats(arch, d, rows, cols, False, threads, res["reg"], smem, blocks, resident,
+                       n_tensor * warps, smem_tile, flop,
+                       round(flop / smem_tile, 2) if smem_tile else float("inf"), True,
+                       CARDS[arch]["card"], kind)
 
 
 def render(stats: list[KernelStats]) -> str:
     head = (f"{'arch':<5} {'kernel':<8} {'d':>3} {'tile':>7} {'thr':>4} {'regs':>4} "
             f"{'smem/blk':>8} {'blk/SM':>6} {'warps/SM':>8} {'MMA/tile':>8} "
-            f"{'smem B/tile':>11} {'FLOP/B':>7} {'check':>5}")
+            f"{'smem B/tile':>11} {'FLOP/B':>7} {'check':>6}")
     lines = [head]
+    na = lambda x: "n/a" if x is None else x  # noqa: E731
     for s in stats:
-        lines.append(f"{s.arch:<5} {'serving' if s.serving else 'prefill':<8} {s.head_dim:>3} "
+        check = {True: "ok", False: "FLOP?", None: "rolled"}[s.tensor_flop_matches]
+        lines.append(f"{s.arch:<5} {s.kind:<8} {s.head_dim:>3} "
                      f"{s.block_m:>3}x{s.block_n:<3} {s.threads:>4} {s.regs:>4} "
                      f"{s.smem_bytes:>8} {s.blocks_per_sm:>6} {s.warps_per_sm:>8} "
-                     f"{s.tensor_insns_per_tile:>8} {s.smem_bytes_per_tile:>11} "
-                     f"{s.flop_per_smem_byte:>7} {'ok' if s.tensor_flop_matches else 'FLOP?':>5}")
+                     f"{na(s.tensor_insns_per_tile):>8} {na(s.smem_bytes_per_tile):>11} "
+                     f"{na(s.flop_per_smem_byte):>7} {check:>6}")
     cards = sorted({f"{s.arch}: {s.card}" for s in stats})
-    lines.append(f"per SM of: {', '.join(cards)}; MMA/tile and smem B/tile per block per K/V "
-                 f"tile; FLOP/B = 4*rows*keys*d / smem bytes")
+    lines.append(f"per SM of: {', '.join(cards)}; MMA/tile and smem B/tile per block per tile "
+                 f"of the loop; FLOP/B: the tile's FLOP (forward 4*rows*keys*d; backward 2*rows*"
+                 f"cols*d per GEMM) / smem bytes; bwd tiles are keys x queries, bwd dQ queries x keys; "
+                 f"rolled: the loop's static counts are not one tile (an inner loop kept rolled)")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """python -m sm7x_tools.kernels LIB.so... [--json] [--cuda-bin DIR] [--targets targets.json]
 
-Exit status: 0, 1 when a library has no FA2 kernel, cuobjdump cannot read it, or a kernel's
-tile loop was not found (its tensor-core FLOP do not match one tile), 2 for a missing file
+Exit status: 0, 1 when a library has no FA2 kernel, cuobjdump cannot read it, or a forward
+kernel's tile loop was not found (its tensor-core FLOP do not match one tile; a backward
+kernel whose loop is not one tile is shown as "rolled"), 2 for a missing file
 or without cuobjdump/nvdisasm.
 """
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{(exc.stderr or '').strip() or exc}", file=sys.stderr)
         return 1
     print(json.dumps(as_json(stats), indent=1) if a.json else render(stats))
-    return 0 if all(s.tensor_flop_matches for s in stats) else 1
+    return 0 if all(s.tensor_flop_matches is not False for s in stats) else 1
 
 
 if __name__ == "__main__":
