@@ -18,6 +18,22 @@ def _record(key: str, err: float) -> None:
     WORST[key] = max(WORST.get(key, 0.0), err)
 
 
+def visible_keys(sq, sk, causal=False, window=(-1, -1), device=None):
+    """[sq, sk] bool: which keys each query sees, bottom-right aligned (query i sits at key
+    position i + sk - sq); causal is window_right = 0, as the ops apply it."""
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(sq, device=device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=device)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if right >= 0:
+        ok &= j <= i + right
+    if left >= 0:
+        ok &= j >= i - left
+    return ok
+
+
 def reference(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0):
     """float32 attention with bottom-right aligned masks; rows without keys: 0, lse +inf."""
     b, sq, h, d = q.shape
@@ -31,17 +47,7 @@ def reference(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0):
         s = softcap * torch.tanh(s * scale / softcap)
     else:
         s = s * scale
-    left, right = window
-    if causal:
-        right = 0
-    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
-    j = torch.arange(sk, device=q.device)[None, :]
-    ok = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
-    if right >= 0:
-        ok &= j <= i + right
-    if left >= 0:
-        ok &= j >= i - left
-    s = s.masked_fill(~ok, float("-inf"))
+    s = s.masked_fill(~visible_keys(sq, sk, causal, window, q.device), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # [b, h, sq]; -inf for empty rows
     p = torch.exp(s - lse[..., None])
     p = torch.nan_to_num(p, nan=0.0)

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
 if not torch.cuda.is_available():
     pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
 
-from fa2_reference import selected_arch  # noqa: E402
+from fa2_reference import selected_arch, visible_keys  # noqa: E402
 
 ARCH, _WHY = selected_arch()
 if ARCH is None:
@@ -59,16 +59,7 @@ def _ref_out(q, k, v, scale, causal, window, softcap):
         vf = vf.repeat_interleave(h // hk, dim=1)
     s = qf @ kf.transpose(-1, -2)
     s = softcap * torch.tanh(s * scale / softcap) if softcap > 0 else s * scale
-    left, right = window
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
-    j = torch.arange(sk, device=q.device)[None, :]
-    ok = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
-    if right >= 0:
-        ok &= j <= i + right
-    if left >= 0:
-        ok &= j >= i - left
+    ok = visible_keys(sq, sk, causal, window, q.device)
     has = ok.any(-1)
     s = torch.where(ok, s, torch.where(has[:, None], float("-inf"), 0.0))
     p = torch.softmax(s, dim=-1) * has[:, None]
