@@ -4,7 +4,8 @@ computes; never another exception type, a crash or a silently wrong result.
 
 CPU paths: the core ops through their Python wrappers and through torch.ops.sm7x directly,
 and the FA2 Python API (on CPU every FA2 call must end in a clear refusal: the kernels run
-on CUDA only). The same properties for the GPU paths need a GPU (not part of this file).
+on CUDA only). The core ops' property on CUDA: tests/gpu/test_core_properties.py; the FA2
+GPU paths: tests/gpu/test_fa2_properties.py.
 
 Each example starts from a valid call and replaces some arguments with a mutation: another
 dtype or rank, a transposed, expanded or sliced view, an empty tensor, a tensor sharing an
@@ -55,6 +56,8 @@ def mutate(kind: str, t, other):
         return "x"
     if kind == "float":
         return 1.5
+    if kind == "cpu":  # a CPU tensor among CUDA ones
+        return t.cpu()
     return t
 
 
@@ -86,8 +89,14 @@ if _core_loader.core_library_path() is not None:
     ops.load_library()
 
 
-def core_case(op: str, g: torch.Generator):
-    """(args dict in the direct op's order, reference fn(args) -> expected outputs dict)."""
+def core_case(op: str, g: torch.Generator, device: str = "cpu"):
+    """(args dict in the direct op's order, reference fn(args) -> expected outputs dict), the
+    tensors on ``device``."""
+    a, reference = _core_case(op, g)
+    return {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in a.items()}, reference
+
+
+def _core_case(op: str, g: torch.Generator):
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     if op == "rms_norm":
         a = dict(out=torch.empty(3, 8), x=r(3, 8), weight=r(8), eps=1e-6)
@@ -150,14 +159,20 @@ def _report_counts():
 @SETTINGS
 @given(data=st.data())
 def test_core_op_bad_inputs(op, direct, data):
+    check_core_op_bad_inputs(op, direct, data, "cpu")
+
+
+def check_core_op_bad_inputs(op, direct, data, device, kinds=KINDS):
+    """The property on ``device`` (tests/gpu/test_core_properties.py runs it on CUDA, with a
+    CPU tensor among the mutations)."""
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
-    a, reference = core_case(op, g)
+    a, reference = core_case(op, g, device)
     names = list(a)
     for name in data.draw(st.lists(st.sampled_from(names), max_size=3, unique=True)):
         if isinstance(a[name], torch.Tensor):
             other = a[data.draw(st.sampled_from([n for n in names
                                                  if isinstance(a[n], torch.Tensor)]))]
-            a[name] = mutate(data.draw(st.sampled_from(KINDS)), a[name], other)
+            a[name] = mutate(data.draw(st.sampled_from(kinds)), a[name], other)
         else:
             a[name] = data.draw(st.sampled_from(SCALARS))
     before = {n: _clone(v) for n, v in a.items()}
