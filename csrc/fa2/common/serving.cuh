@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/bounds.cuh"
+#include "common/epilogue.cuh"
 #include "common/tile_io.cuh"
 #include "fa2.h"
 
@@ -152,6 +153,18 @@ struct OutRows {
     return base + packed_row_offset(r, group, row_stride, head_stride);
   }
 };
+
+// The 16 staged O rows of m16 slice `slice` (sO) to the output: packed GQA rows through
+// OutRows in the serving instantiation, plain rows at o_off (store_o_rows) in prefill.
+template <class C, bool SERVING>
+__device__ __forceinline__ void store_o_slice(const FwdParams& p, int64_t o_off, const __half* sO,
+                                              int m0, int slice, int sq, int lane) {
+  if constexpr (SERVING)
+    store_o_rows_at<C>(p, OutRows{o_off, p.group, p.o_row_stride, p.o_head_stride}, sO, m0,
+                       slice, sq, lane);
+  else
+    store_o_rows<C>(p, o_off, sO, m0, slice, sq, lane);
+}
 
 // Key tiles of rows with tokens [first_tok, last_tok] inside the partition [kv_lo, kv_hi),
 // with the window applied (bottom-right aligned: off = sk - sq).

@@ -405,11 +405,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       *reinterpret_cast<uint4*>(sO + lr * ST + dn * 16 + half * 8) = pk;
     }
     __syncwarp();
-    if constexpr (SERVING)
-      store_o_rows_at<C>(p, OutRows{o_off, p.group, p.o_row_stride, p.o_head_stride}, sO, m0,
-                         slice, sq, lane);
-    else
-      store_o_rows<C>(p, o_off, sO, m0, slice, sq, lane);
+    store_o_slice<C, SERVING>(p, o_off, sO, m0, slice, sq, lane);
   }
 }
 
