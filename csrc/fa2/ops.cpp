@@ -242,14 +242,11 @@ void fwd_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, double softmax
   launch(op, q, p);
 }
 
-void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
-                   Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                   double softmax_scale, bool causal, int64_t window_left,
-                   int64_t window_right, double softcap) {
-  const char* op = "fwd_varlen";
-  const Common c = check_qkv(op, q, k, v, out, 1, "[total_tokens, num_heads, head_dim]");
-  const int64_t total_q = q.size(0);
-  check_lse(op, lse, q, 0, c.heads, total_q, 2, "[num_heads, total_q]");
+// The sequence arguments of the varlen ops (fwd_varlen, bwd_varlen): cu_seqlens_q /
+// cu_seqlens_k int32 [batch + 1] on q's device, the max lengths >= 0, and the token
+// counts and max lengths within int32 (the kernels' index type).
+void check_varlen(const char* op, const Tensor& q, const Tensor& k, const Tensor& cu_seqlens_q,
+                  const Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   for (auto [n, t] : {std::pair<const char*, const Tensor*>{"cu_seqlens_q", &cu_seqlens_q},
                       {"cu_seqlens_k", &cu_seqlens_k}}) {
     check_cuda(op, n, *t, q);
@@ -263,19 +260,38 @@ void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor 
             cu_seqlens_q.size(0), " entries but cu_seqlens_k has ", cu_seqlens_k.size(0),
             "; both must be [batch + 1]");
   FA2_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, op, "max_seqlen_q/max_seqlen_k must be >= 0");
-  check_options(op, softmax_scale, window_left, window_right, softcap);
-  check_int32(op, "total_q", total_q);
+  check_int32(op, "total_q", q.size(0));
   check_int32(op, "total_k", k.size(0));
   check_int32(op, "max_seqlen_q", max_seqlen_q);
-  const int64_t B = cu_seqlens_q.size(0) - 1;
-  if (B == 0 || max_seqlen_q == 0 || total_q == 0 || c.heads == 0) return;
-  FwdParams p = base_params(op, q, k, v, out, lse, c, B, 1);
+  check_int32(op, "max_seqlen_k", max_seqlen_k);
+}
+
+// What the varlen ops fill alike once checked: the LSE [num_heads, total_q] strides, the
+// cu_seqlens pointers and the grid's max lengths.
+void fill_varlen(FwdParams& p, const Tensor& lse, const Tensor& cu_seqlens_q,
+                 const Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   p.lse_batch_stride = 0;
   p.lse_head_stride = lse.stride(0);
   p.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q.const_data_ptr());
   p.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k.const_data_ptr());
   p.seqlen_q = static_cast<int>(max_seqlen_q);
   p.seqlen_k = static_cast<int>(max_seqlen_k);
+}
+
+void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
+                   Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                   double softmax_scale, bool causal, int64_t window_left,
+                   int64_t window_right, double softcap) {
+  const char* op = "fwd_varlen";
+  const Common c = check_qkv(op, q, k, v, out, 1, "[total_tokens, num_heads, head_dim]");
+  const int64_t total_q = q.size(0);
+  check_lse(op, lse, q, 0, c.heads, total_q, 2, "[num_heads, total_q]");
+  check_varlen(op, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  check_options(op, softmax_scale, window_left, window_right, softcap);
+  const int64_t B = cu_seqlens_q.size(0) - 1;
+  if (B == 0 || max_seqlen_q == 0 || total_q == 0 || c.heads == 0) return;
+  FwdParams p = base_params(op, q, k, v, out, lse, c, B, 1);
+  fill_varlen(p, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
   launch(op, q, p);
 }
@@ -410,36 +426,15 @@ void bwd_varlen_op(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor
   const int64_t total_q = q.size(0);
   check_lse(op, lse, q, 0, c.heads, total_q, 2, "[num_heads, total_q]");
   check_grads(op, dout, q, k, v, lse, dq, dk, dv, dq_accum, dsum);
-  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"cu_seqlens_q", &cu_seqlens_q},
-                      {"cu_seqlens_k", &cu_seqlens_k}}) {
-    check_cuda(op, n, *t, q);
-    FA2_CHECK(t->scalar_type() == ScalarType::Int, op, n, " has dtype ",
-              scalar_name(t->scalar_type()), "; it must be int32 (cast with .int())");
-    FA2_CHECK(t->dim() == 1 && t->size(0) >= 1, op, n, " must be 1-D [batch + 1], got shape ",
-              shape_str(*t));
-    FA2_CHECK(t->is_contiguous(), op, n, " must be contiguous");
-  }
-  FA2_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0), op, "cu_seqlens_q has ",
-            cu_seqlens_q.size(0), " entries but cu_seqlens_k has ", cu_seqlens_k.size(0),
-            "; both must be [batch + 1]");
-  FA2_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, op, "max_seqlen_q/max_seqlen_k must be >= 0");
+  check_varlen(op, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   check_options(op, softmax_scale, window_left, window_right, softcap);
   check_bwd_head_dim(op, c.head_dim);
-  check_int32(op, "total_q", total_q);
-  check_int32(op, "total_k", k.size(0));
-  check_int32(op, "max_seqlen_q", max_seqlen_q);
-  check_int32(op, "max_seqlen_k", max_seqlen_k);
   const int64_t B = cu_seqlens_q.size(0) - 1;
   if (B == 0 || c.heads == 0) return;
   BwdParams p = bwd_params(op, dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, c, B, 1);
-  p.lse_batch_stride = 0;
-  p.lse_head_stride = lse.stride(0);
+  fill_varlen(p, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   p.dsum_batch_stride = 0;
   p.dsum_head_stride = dsum.stride(0);
-  p.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q.const_data_ptr());
-  p.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k.const_data_ptr());
-  p.seqlen_q = static_cast<int>(max_seqlen_q);
-  p.seqlen_k = static_cast<int>(max_seqlen_k);
   p.total_q = static_cast<int>(total_q);
   fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
   launch_bwd(op, q, p, deterministic);
