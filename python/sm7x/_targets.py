@@ -64,6 +64,12 @@ def fa2_head_dims(arch: str) -> tuple[int, ...]:
     return tuple(sorted(k["head_dim"] for k in load()["fa2"]["kernels"][arch]))
 
 
+def fa2_card_limits(arch: str) -> dict:
+    """Per-block and per-SM limits of the card ``arch`` is for (fa2.card_limits: card name,
+    smem_per_block, smem_per_sm, regs_per_sm, warps_per_sm, blocks_per_sm)."""
+    return dict(load()["fa2"]["card_limits"][arch])
+
+
 def fa2_max_head_dim() -> int:
     return int(load()["fa2"]["max_head_dim"])
 

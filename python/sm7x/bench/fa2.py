@@ -36,7 +36,7 @@ import sys
 
 import torch
 
-from .. import _select
+from .. import _select, _targets
 from . import _output
 from .core import _time
 
@@ -49,8 +49,10 @@ FWD_BWD_FLOP_FACTOR = 3.5  # forward 1 + backward 2.5 (the backward's five matmu
 CEILING_BLOCKS_PER_SM = 8
 CEILING_ITERS = 4096
 # --occupancy-of: shared memory and threads per SM of the cards these libraries are for
-# (registers, 64 K per SM, are the same on every GPU that runs them).
-OCCUPANCY_CARDS = {"t4": (64 * 1024, 1024), "v100": (96 * 1024, 2048)}
+# (targets.json fa2.card_limits; registers, 64 K per SM, are the same on every GPU that
+# runs them).
+OCCUPANCY_CARDS = {lim["card"].lower(): (lim["smem_per_sm"], lim["warps_per_sm"] * 32)
+                   for lim in map(_targets.fa2_card_limits, _targets.archs())}
 
 
 def cases(head_dims, gqa=DEFAULT_GQA, head_elems: int = 2048) -> list[tuple[int, int, int]]:

@@ -20,17 +20,20 @@ cuda-cuobjdump / cuda-nvdisasm, or any CUDA toolkit.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Per-SM limits of the cards the archs are for (CUDA occupancy calculator, cc 7.0 / 7.5).
-CARDS = {
-    "sm70": dict(card="V100", regs=65536, smem=98304, warps=64, blocks=32),
-    "sm75": dict(card="T4", regs=65536, smem=65536, warps=32, blocks=16),
-}
+# Per-SM limits of the cards the archs are for (CUDA occupancy calculator, cc 7.0 / 7.5),
+# from targets.json fa2.card_limits.
+DEFAULT_TARGETS = Path(__file__).resolve().parents[2] / "sm7x" / "targets.json"
+_LIMITS = json.loads(DEFAULT_TARGETS.read_text())["fa2"]["card_limits"]
+CARDS = {arch: dict(card=c["card"], regs=c["regs_per_sm"], smem=c["smem_per_sm"],
+                    warps=c["warps_per_sm"], blocks=c["blocks_per_sm"])
+         for arch, c in _LIMITS.items()}
 REG_UNIT = 256  # registers are allocated per warp in units of 256
 SMEM_UNIT = 256  # shared memory per block in units of 256 bytes
 # FLOP per warp-level tensor-core instruction (SASS opcode prefix -> FLOP).

@@ -14,9 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import analyse, as_json, render
-
-DEFAULT_TARGETS = Path(__file__).resolve().parents[2] / "sm7x" / "targets.json"
+from . import DEFAULT_TARGETS, analyse, as_json, render
 
 
 def main(argv: list[str] | None = None) -> int:
