@@ -456,6 +456,9 @@ void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key,
              "or float32 (cast it with .to(query.dtype))");
   check_dim(op, "cos_sin_cache", cos_sin_cache, 2, "[max_position, rot_dim]");
   const int64_t max_pos = cos_sin_cache.size(0), rot_dim = cos_sin_cache.size(1);
+  // every position would be outside an empty cache (on CUDA those tokens are skipped)
+  SM7X_CHECK(max_pos > 0, op, "cos_sin_cache has no rows (shape ", shape_str(cos_sin_cache),
+             "): it must hold one [cos | sin] row per position");
   SM7X_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_size, op,
              "cos_sin_cache.shape[1] (rot_dim = ", rot_dim, ") must be even, > 0 and <= "
              "head_size (", head_size, "): each row is [cos | sin] of rot_dim / 2 each");
@@ -530,6 +533,8 @@ void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_
   check_size(op, "slot_mapping", slot_mapping, 0, tokens, "num_tokens = key.shape[0]");
   const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
   SM7X_CHECK(bs > 0, op, "key_cache has block_size 0 (shape ", shape_str(key_cache), ")");
+  SM7X_CHECK(nb > 0, op, "key_cache has no blocks (shape ", shape_str(key_cache),
+             "): every slot would be outside it");
   check_size(op, "key_cache", key_cache, 2, heads, "num_kv_heads = key.shape[1]");
   check_size(op, "key_cache", key_cache, 3, hs, "head_size = key.shape[2]");
   check_size(op, "value_cache", value_cache, 0, nb, "num_blocks = key_cache.shape[0]");

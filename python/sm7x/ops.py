@@ -271,7 +271,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor,
     None, and may have fewer heads); ``cos_sin_cache``: ``[max_position, rot_dim]`` =
     ``[cos | sin]``, ``rot_dim <= head_size`` (only the first rot_dim dims rotate), of
     the query's dtype or float32. ``is_neox``: rotate halves; else GPT-J interleaved
-    pairs. Returns ``(query, key)``.
+    pairs. Returns ``(query, key)``. A position outside the cache is an error on CPU; on
+    CUDA (checking would sync the stream) that token is left unrotated.
     """
     op = "rotary_embedding"
     load_library()
@@ -326,7 +327,9 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 
     Caches: ``[num_blocks, block_size, kv_heads, head_size]`` (the layout the FA2 kernels
     read). Token ``t`` goes to block ``slot // block_size``, offset ``slot % block_size``
-    with ``slot = slot_mapping[t]``; tokens with a negative slot (padding) are skipped.
+    with ``slot = slot_mapping[t]``; tokens with a negative slot (padding) are skipped. A
+    slot past the cache is an error on CPU; on CUDA (checking would sync the stream) that
+    token is skipped too.
     """
     op = "reshape_and_cache"
     load_library()

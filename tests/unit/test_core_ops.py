@@ -336,6 +336,9 @@ def test_rotary_out_of_range_positions(device):
         assert torch.equal(query[1], before[1])
         q_exp, _ = ref.rotary_embedding(positions[:1], before[:1], None, 16, cache, True)
         close(query[:1], q_exp)
+    # no row at all: refused on every device (every position would be outside)
+    with pytest.raises(RuntimeError, match=r"cos_sin_cache has no rows"):
+        ops.rotary_embedding(positions, query, None, 16, cache[:0], True)
 
 
 def test_rotary_bad_inputs(device):
@@ -417,6 +420,8 @@ def test_reshape_and_cache_bad_inputs(device):
     with pytest.raises(ValueError, match=r"must be \[num_tokens, num_kv_heads, head_size\]"):
         ops.reshape_and_cache(key.view(3, 16), key, kc, kc.clone(), slots)
     op = torch.ops.sm7x.reshape_and_cache
+    with pytest.raises(RuntimeError, match=r"key_cache has no blocks"):
+        op(key, key, kc[:0], kc[:0].clone(), slots)
     with pytest.raises(RuntimeError, match=r"key_cache.shape\[2\] is 2 but must be 4"):
         op(torch.randn(3, 4, 4, device=device), torch.randn(3, 4, 4, device=device),
            torch.zeros(4, 16, 2, 8, device=device), torch.zeros(4, 16, 2, 8, device=device), slots)
