@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fa2.h"
 
@@ -23,7 +24,11 @@ namespace fa2 {
 // BN keys per CTA (16 per warp), BM queries per tile; the deterministic dQ kernel: DQ_BM
 // queries per CTA (16 per warp), DQ_BN keys per tile. SPLIT: dV in one pass, dK and dQ in a
 // second (d = 256: dK and dV together would need 256 fp32 registers per thread).
-template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT>
+// PREFETCH: the next query tile's Q, dO, LSE and dsum are loaded into registers while the
+// current one computes (QueryTile), instead of synchronously at its start. MIN_BLOCKS: the
+// main kernel's __launch_bounds__ minimum of resident CTAs per SM (caps its registers).
+template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
+          int MIN_BLOCKS = 1>
 struct BwdShape {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockN = BN;
@@ -31,6 +36,8 @@ struct BwdShape {
   static constexpr int kDqBlockM = DQ_BM;
   static constexpr int kDqBlockN = DQ_BN;
   static constexpr bool kSplit = SPLIT;
+  static constexpr bool kPrefetch = PREFETCH;
+  static constexpr int kMinBlocks = MIN_BLOCKS;
   static constexpr int kWarps = BN / 16;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kDqWarps = DQ_BM / 16;
@@ -147,6 +154,49 @@ __device__ __forceinline__ void copy_rows(__half* s, const __half* g, int64_t ro
   }
 }
 
+// A 16-byte / 4-byte load issued where it is written: volatile asm keeps it ahead of the
+// tile's ldmatrix / mma (volatile too), so it is in flight while they run; nothing waits
+// for it until its registers are stored.
+__device__ __forceinline__ uint4 ld_global_early(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(__cvta_generic_to_global(p)));
+  return v;
+}
+__device__ __forceinline__ float ld_global_early(const float* p) {
+  float v;
+  asm volatile("ld.global.nc.f32 %0, [%1];\n" : "=f"(v) : "l"(__cvta_generic_to_global(p)));
+  return v;
+}
+
+// Rows [r0, r0 + ROWS) x the head dim of a fp16 tile held in registers between load
+// (global) and store (shared, row stride ST); rows >= n and chunks past head_dim are zeros.
+template <int ROWS, int THREADS, int D>
+struct RowsInRegs {
+  static constexpr int CH = D / 8, TOTAL = ROWS * CH, IT = (TOTAL + THREADS - 1) / THREADS;
+  uint4 v[IT];
+  __device__ __forceinline__ void load(const __half* g, int64_t row_stride, int r0, int n,
+                                       int head_dim, int tid) {
+#pragma unroll
+    for (int j = 0; j < IT; ++j) {
+      const int idx = tid + j * THREADS, row = idx / CH, c = idx % CH;
+      v[j] = make_uint4(0, 0, 0, 0);
+      if ((TOTAL % THREADS == 0 || idx < TOTAL) && r0 + row < n && c * 8 < head_dim)
+        v[j] = ld_global_early(g + (int64_t)(r0 + row) * row_stride + c * 8);
+    }
+  }
+  template <int ST>
+  __device__ __forceinline__ void store(__half* s, int tid) const {
+#pragma unroll
+    for (int j = 0; j < IT; ++j) {
+      const int idx = tid + j * THREADS;
+      if (TOTAL % THREADS == 0 || idx < TOTAL)
+        *reinterpret_cast<uint4*>(s + (idx / CH) * ST + (idx % CH) * 8) = v[j];
+    }
+  }
+};
+
 // LSE in base 2 for exp2: rows past the sequence and rows that saw no key (the forward
 // writes +inf; -inf or NaN treated alike) get +inf, so that their P, and with it every
 // gradient they add, is exactly 0.
@@ -163,6 +213,70 @@ __device__ __forceinline__ void query_range(const FwdParams& p, int n0, int n_la
   if (p.window_right >= 0) m_lo = max(0, n0 - off - p.window_right);
   if (p.window_left >= 0) m_hi = min(sq, n_last - off + p.window_left + 1);
 }
+
+// One query tile of the main kernel's loop (query head h, rows m0 .. m0 + BM - 1) into shared
+// memory: Q, dO [BM][D + 8], base-2 LSE and dsum [BM] (DSUM false: zeros, the dV pass). With
+// C::kPrefetch, load() fills registers that store() writes out after the next barrier;
+// without, store() copies synchronously (load() does nothing).
+template <class C, bool DSUM>
+struct QueryTile {
+  static constexpr int BM = C::kBlockM, T = C::kThreads, D = C::kHeadDim, ST = C::kStride;
+  struct Regs {
+    RowsInRegs<BM, T, D> q, dout;
+    float lse2, dsum;
+  };
+  struct None {};
+  using Held = typename std::conditional<C::kPrefetch, Regs, None>::type;
+  Held held;
+  int h, m0;  // the tile in flight (prefetch) or to copy
+
+  __device__ __forceinline__ void load(const BwdParams& p, const BwdRows& rows, int h_, int m0_,
+                                       int tid) {
+    h = h_;
+    m0 = m0_;
+    if constexpr (C::kPrefetch) {
+      held.q.load(static_cast<const __half*>(p.q) +
+                      q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                  p.q_row_stride, m0, rows.sq, p.head_dim, tid);
+      held.dout.load(static_cast<const __half*>(p.dout) +
+                         q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+                     p.do_row_stride, m0, rows.sq, p.head_dim, tid);
+      const int r = m0 + tid;
+      held.lse2 = INFINITY;
+      held.dsum = 0.f;
+      if (tid < BM && r < rows.sq) {
+        held.lse2 = ld_global_early(p.lse + q_like(rows, h, p.lse_batch_stride, 1, p.lse_head_stride) + r);
+        if (DSUM) held.dsum = ld_global_early(p.dsum + q_like(rows, h, p.dsum_batch_stride, 1, p.dsum_head_stride) + r);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(const BwdParams& p, const BwdRows& rows, __half* sQ,
+                                        __half* sdO, float* sL, float* sD, int tid) const {
+    if constexpr (C::kPrefetch) {
+      held.q.template store<ST>(sQ, tid);
+      held.dout.template store<ST>(sdO, tid);
+      if (tid < BM) {
+        sL[tid] = lse_log2(held.lse2);
+        sD[tid] = held.dsum;
+      }
+    } else {
+      copy_rows<BM, T, D, ST, C::kCopyBatch>(sQ, static_cast<const __half*>(p.q) +
+                                      q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                              p.q_row_stride, m0, rows.sq, p.head_dim, tid);
+      copy_rows<BM, T, D, ST, C::kCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
+                                       q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+                              p.do_row_stride, m0, rows.sq, p.head_dim, tid);
+      if (tid < BM) {
+        const int r = m0 + tid;
+        sL[tid] = r < rows.sq ? lse_log2(p.lse[q_like(rows, h, p.lse_batch_stride, 1, p.lse_head_stride) + r])
+                              : INFINITY;
+        sD[tid] = r < rows.sq && DSUM ? p.dsum[q_like(rows, h, p.dsum_batch_stride, 1, p.dsum_head_stride) + r]
+                                      : 0.f;
+      }
+    }
+  }
+};
 
 template <class Kernel>
 int set_smem_bytes(Kernel kernel, int bytes) {

@@ -36,9 +36,10 @@ namespace sm7x {
 namespace fa2 {
 namespace sm70 {
 
-template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT>
-struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT> {
-  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT>;
+template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
+          int MIN_BLOCKS = 1>
+struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS> {
+  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS>;
   static constexpr int kSS = BM + 8;  // fp32 scratch row stride (S^T, dP^T; dQ/dK/dV tiles)
   static constexpr int kWarpScratchFloats = 2 * 16 * kSS;
   static constexpr int kTileBytes = (2 * BN + 2 * BM) * S::kStride * 2;
@@ -87,7 +88,7 @@ __device__ __forceinline__ void store_tile_f16(const AccFrag& f, float* scratch,
 }
 
 template <class C, int MODE>
-__global__ void __launch_bounds__(C::kThreads) bwd_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const BwdParams p) {
   using namespace nvcuda;
   using namespace detail;
   constexpr int D = C::kHeadDim, BN = C::kBlockN, BM = C::kBlockM, ST = C::kStride;
@@ -140,26 +141,18 @@ __global__ void __launch_bounds__(C::kThreads) bwd_kernel(const BwdParams p) {
   const int er = lane >> 1, ec0 = (lane & 1) * (BM / 2);
   const int key = n0 + warp * 16 + er;
 
-  const int ntiles = t_hi - t_lo;
-  for (int it = 0; it < group * ntiles; ++it) {
-    const int gi = it / ntiles;
-    const int h = hk * group + gi, t = t_lo + (it - gi * ntiles);
-    const int m0 = t * BM;
+  const int ntiles = t_hi - t_lo, nsteps = group * ntiles;
+  QueryTile<C, kDk> tile;
+  if (nsteps > 0) tile.load(p, rows, hk * group, t_lo * BM, tid);
+  for (int it = 0; it < nsteps; ++it) {
+    const int h = tile.h, m0 = tile.m0;
     __syncthreads();  // every warp is done with the previous tile's Q, dO, dS
-    copy_rows<BM, T, D, ST, C::kCopyBatch>(sQ, static_cast<const __half*>(p.q) +
-                                    q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-                            p.q_row_stride, m0, sq, head_dim, tid);
-    copy_rows<BM, T, D, ST, C::kCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
-                                     q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
-                            p.do_row_stride, m0, sq, head_dim, tid);
-    if (tid < BM) {
-      const int r = m0 + tid;
-      sL[tid] = r < sq ? lse_log2(p.lse[q_like(rows, h, p.lse_batch_stride, 1, p.lse_head_stride) + r])
-                       : INFINITY;
-      sD[tid] = r < sq && kDk ? p.dsum[q_like(rows, h, p.dsum_batch_stride, 1, p.dsum_head_stride) + r]
-                              : 0.f;
-    }
+    tile.store(p, rows, sQ, sdO, sL, sD, tid);
     __syncthreads();
+    if (it + 1 < nsteps) {  // the next tile: in flight while this one computes (kPrefetch)
+      const int gi = (it + 1) / ntiles;
+      tile.load(p, rows, hk * group + gi, (t_lo + it + 1 - gi * ntiles) * BM, tid);
+    }
 
     // ---- S^T = K Q^T, dP^T = V dO^T -> scratch
     {

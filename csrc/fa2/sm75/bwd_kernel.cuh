@@ -31,9 +31,10 @@ namespace sm7x {
 namespace fa2 {
 namespace sm75 {
 
-template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT>
-struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT> {
-  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT>;
+template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
+          int MIN_BLOCKS = 1>
+struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS> {
+  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS>;
   // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; LSE, dsum [BM] fp32
   static constexpr int kSmemBytes =
       (2 * BN + 2 * BM) * S::kStride * 2 + BN * S::kDsStride * 2 + 2 * BM * 4;
@@ -72,7 +73,7 @@ __device__ __forceinline__ void ldsm_x2_t(uint32_t (&r)[2], uint32_t addr) {
 }
 
 template <class C, int MODE>
-__global__ void __launch_bounds__(C::kThreads) bwd_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const BwdParams p) {
   using namespace detail;
   constexpr int D = C::kHeadDim, BN = C::kBlockN, BM = C::kBlockM, ST = C::kStride;
   constexpr int SD = C::kDsStride, NQ = BM / 8, DT = D / 8, T = C::kThreads;
@@ -127,27 +128,20 @@ __global__ void __launch_bounds__(C::kThreads) bwd_kernel(const BwdParams p) {
 
   // One flat loop over (query head of the group, query tile): offsets are recomputed from
   // the parameters each step instead of held across it (registers: dK/dV need them).
-  const int ntiles = t_hi - t_lo;
-  for (int it = 0; it < group * ntiles; ++it) {
-    const int gi = it / ntiles;
-    const int h = hk * group + gi, t = t_lo + (it - gi * ntiles);
+  const int ntiles = t_hi - t_lo, nsteps = group * ntiles;
+  QueryTile<C, kDk> tile;
+  if (nsteps > 0) tile.load(p, rows, hk * group, t_lo * BM, tid);
+  for (int it = 0; it < nsteps; ++it) {
+    const int h = tile.h;
     {
-      const int m0 = t * BM;
+      const int m0 = tile.m0;
       __syncthreads();  // every warp is done with the previous tile's Q, dO, dS
-      copy_rows<BM, T, D, ST, C::kCopyBatch>(sQ, static_cast<const __half*>(p.q) +
-                                      q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-                              p.q_row_stride, m0, sq, head_dim, tid);
-      copy_rows<BM, T, D, ST, C::kCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
-                                       q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
-                              p.do_row_stride, m0, sq, head_dim, tid);
-      if (tid < BM) {
-        const int r = m0 + tid;
-        sL[tid] = r < sq ? lse_log2(p.lse[q_like(rows, h, p.lse_batch_stride, 1, p.lse_head_stride) + r])
-                         : INFINITY;
-        sD[tid] = r < sq && kDk ? p.dsum[q_like(rows, h, p.dsum_batch_stride, 1, p.dsum_head_stride) + r]
-                                : 0.f;
-      }
+      tile.store(p, rows, sQ, sdO, sL, sD, tid);
       __syncthreads();
+      if (it + 1 < nsteps) {  // the next tile: in flight while this one computes (kPrefetch)
+        const int gi = (it + 1) / ntiles;
+        tile.load(p, rows, hk * group + gi, (t_lo + it + 1 - gi * ntiles) * BM, tid);
+      }
       // fragment bases (bytes)
       const uint32_t aK = smem_addr(sK + a_frag), aV = smem_addr(sV + a_frag);
       const uint32_t bQ = smem_addr(sQ + b_frag), bdO = smem_addr(sdO + b_frag);
