@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/launch.cuh"
 #include "fa2.h"
 
 namespace sm7x {
@@ -278,21 +279,14 @@ struct QueryTile {
   }
 };
 
-template <class Kernel>
-int set_smem_bytes(Kernel kernel, int bytes) {
-  if (bytes > 48 * 1024)
-    return static_cast<int>(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  return 0;
-}
-
 // Grid (key blocks, kv heads, batch): seqlen_k is max_seqlen_k for varlen.
 template <class C, class Kernel>
 int launch_bwd(Kernel kernel, const BwdParams& p, cudaStream_t stream) {
   const int nblocks = (p.seqlen_k + C::kBlockN - 1) / C::kBlockN;
   if (nblocks == 0 || p.batch == 0 || p.kv_heads == 0) return 0;
-  if (const int e = set_smem_bytes(kernel, C::kSmemBytes)) return e;
-  kernel<<<dim3(nblocks, p.kv_heads, p.batch), C::kThreads, C::kSmemBytes, stream>>>(p);
+  int smem;
+  if (const int e = set_launch_smem(kernel, C::kSmemBytes, C::kThreads, smem)) return e;
+  kernel<<<dim3(nblocks, p.kv_heads, p.batch), C::kThreads, smem, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -301,8 +295,9 @@ template <class C, class Kernel>
 int launch_bwd_dq(Kernel kernel, const BwdParams& p, cudaStream_t stream) {
   const int mblocks = (p.seqlen_q + C::kDqBlockM - 1) / C::kDqBlockM;
   if (mblocks == 0 || p.batch == 0 || p.heads == 0) return 0;
-  if (const int e = set_smem_bytes(kernel, C::kDqSmemBytes)) return e;
-  kernel<<<dim3(mblocks * (C::kHeadDim / C::kDqCols), p.heads, p.batch), C::kDqThreads, C::kDqSmemBytes, stream>>>(p);
+  int smem;
+  if (const int e = set_launch_smem(kernel, C::kDqSmemBytes, C::kDqThreads, smem)) return e;
+  kernel<<<dim3(mblocks * (C::kHeadDim / C::kDqCols), p.heads, p.batch), C::kDqThreads, smem, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -11,15 +11,19 @@ namespace sm7x {
 namespace fa2 {
 namespace detail {
 
-// The launch's dynamic shared memory (the config's, or padded by the occupancy
-// emulation, fa2.h), opted in per kernel above the default 48 KB limit.
-template <class C, class Kernel>
-int set_smem(Kernel kernel, int& smem) {
-  smem = launch_smem_bytes(C::kSmemBytes, C::kThreads);
+// The launch's dynamic shared memory (bytes, or padded by the occupancy emulation, fa2.h),
+// opted in per kernel above the default 48 KB limit. Every FA2 launch goes through it.
+template <class Kernel>
+int set_launch_smem(Kernel kernel, int bytes, int threads, int& smem) {
+  smem = launch_smem_bytes(bytes, threads);
   if (smem > 48 * 1024)
     return static_cast<int>(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   return 0;
+}
+template <class C, class Kernel>
+int set_smem(Kernel kernel, int& smem) {
+  return set_launch_smem(kernel, C::kSmemBytes, C::kThreads, smem);
 }
 
 template <class C, class Kernel>

@@ -253,9 +253,11 @@ def backward_row(d, h, hk, s, causal, tokens, iters, repeats, deterministic, dev
 
 def run_backward(seqlens=BACKWARD_SEQLENS, head_dims=BACKWARD_HEAD_DIMS, tokens: int = 16384,
                  head_elems: int = 2048, iters: int = 5, repeats: int = 10, gqa=DEFAULT_GQA,
-                 deterministic: bool = False, device: str = "cuda") -> dict:
+                 deterministic: bool = False, device: str = "cuda",
+                 occupancy: str | None = None) -> dict:
     """--backward: forward + backward TFLOP/s of sm7x and SDPA memory-efficient per cell.
-    ``device="cpu"`` is the unit tests' smoke run (a stand-in library, wall-clock timing)."""
+    ``device="cpu"`` is the unit tests' smoke run (a stand-in library, wall-clock timing);
+    occupancy: cap sm7x's CTAs per SM (forward and backward kernels) at a card's."""
     from ..fa2 import _autograd, _ops_for
 
     if device == "cpu":
@@ -270,23 +272,25 @@ def run_backward(seqlens=BACKWARD_SEQLENS, head_dims=BACKWARD_HEAD_DIMS, tokens:
         arch = library_arch(idx)
         ceiling = ceiling_tflops(idx, iters, repeats)
     rows = []
-    for d, h, hk in cases(head_dims, gqa, head_elems):
-        probe = torch.empty(0, device=device)
-        ok, why = _autograd._backward_kernel(_ops_for(probe), d)
-        for s in seqlens:
-            for causal in (False, True):
-                row = backward_row(d, h, hk, s, causal, tokens, iters, repeats, deterministic,
-                                   device, timer, "kernel" if ok else "fallback")
-                row["pct_ceiling"] = 100 * row["sm7x_tflops"] / ceiling if ceiling else None
-                if not ok:
-                    row["fallback_reason"] = why
-                rows.append(row)
+    with occupancy_of(occupancy if device != "cpu" else None):
+        for d, h, hk in cases(head_dims, gqa, head_elems):
+            probe = torch.empty(0, device=device)
+            ok, why = _autograd._backward_kernel(_ops_for(probe), d)
+            for s in seqlens:
+                for causal in (False, True):
+                    row = backward_row(d, h, hk, s, causal, tokens, iters, repeats, deterministic,
+                                       device, timer, "kernel" if ok else "fallback")
+                    row["pct_ceiling"] = 100 * row["sm7x_tflops"] / ceiling if ceiling else None
+                    if not ok:
+                        row["fallback_reason"] = why
+                    rows.append(row)
     forced = os.environ.get(_select.FORCE_ENV)
     return {"mode": "forward+backward", "flop_factor": FWD_BWD_FLOP_FACTOR,
             "deterministic": deterministic, "device": dev_name, "capability": list(cap),
             "torch": torch.__version__, "forced": forced, "library": arch,
             "note": gpu_note(cap, arch, forced) if device != "cpu" else None,
-            "mma_ceiling_tflops": ceiling, "tokens": tokens, "results": rows}
+            "mma_ceiling_tflops": ceiling, "occupancy_of": occupancy, "tokens": tokens,
+            "results": rows}
 
 
 def _pct(x: float | None) -> str:
@@ -397,11 +401,9 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("sm7x.bench fa2: needs a CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
-    if a.backward and a.occupancy_of:
-        p.error("--occupancy-of caps the forward kernels only: leave it out with --backward")
     if a.backward:
         result = run_backward(seqlens, head_dims, a.tokens, iters=a.iters, repeats=a.repeats,
-                              gqa=gqa, deterministic=a.deterministic)
+                              gqa=gqa, deterministic=a.deterministic, occupancy=a.occupancy_of)
     else:
         result = run(seqlens, head_dims, a.tokens, iters=a.iters, repeats=a.repeats, gqa=gqa,
                      occupancy=a.occupancy_of)
