@@ -1,6 +1,7 @@
 // What the backward kernels of both archs share (sm70/ and sm75/ bwd_kernel.cuh): the
 // config, the row offsets of every tensor of a (batch, head), the query tiles a key block
-// is seen by, synchronous tile copies and the launchers. The algorithm is FA2's:
+// is seen by, synchronous tile copies, the query tiles (QueryTile: copied or prefetched) and
+// the launchers. The algorithm is FA2's:
 //   P  = exp(S - LSE)            recomputed from Q, K and the forward's LSE
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - dsum) [* (1 - tanh^2) with softcap]
 //   dK = scale * dS^T Q,  dQ = scale * dS K
@@ -231,6 +232,14 @@ struct QueryTile {
   Held held;
   int h, m0;  // the tile in flight (prefetch) or to copy
 
+  // Step `step` > 0 of the flat (query head of the group, query tile) loop: head h0 + step /
+  // ntiles, tile t_lo + step % ntiles (step 0: load(h0, t_lo * BM)).
+  __device__ __forceinline__ void load_step(const BwdParams& p, const BwdRows& rows, int step,
+                                            int h0, int t_lo, int ntiles, int tid) {
+    const int gi = step / ntiles;
+    load(p, rows, h0 + gi, (t_lo + step - gi * ntiles) * BM, tid);
+  }
+
   __device__ __forceinline__ void load(const BwdParams& p, const BwdRows& rows, int h_, int m0_,
                                        int tid) {
     h = h_;
@@ -284,10 +293,8 @@ template <class C, class Kernel>
 int launch_bwd(Kernel kernel, const BwdParams& p, cudaStream_t stream) {
   const int nblocks = (p.seqlen_k + C::kBlockN - 1) / C::kBlockN;
   if (nblocks == 0 || p.batch == 0 || p.kv_heads == 0) return 0;
-  int smem;
-  if (const int e = set_launch_smem(kernel, C::kSmemBytes, C::kThreads, smem)) return e;
-  kernel<<<dim3(nblocks, p.kv_heads, p.batch), C::kThreads, smem, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return launch_on(kernel, dim3(nblocks, p.kv_heads, p.batch), C::kThreads, C::kSmemBytes, p,
+                   stream);
 }
 
 // Grid (query blocks, heads, batch) of the deterministic dQ kernel.
@@ -295,10 +302,8 @@ template <class C, class Kernel>
 int launch_bwd_dq(Kernel kernel, const BwdParams& p, cudaStream_t stream) {
   const int mblocks = (p.seqlen_q + C::kDqBlockM - 1) / C::kDqBlockM;
   if (mblocks == 0 || p.batch == 0 || p.heads == 0) return 0;
-  int smem;
-  if (const int e = set_launch_smem(kernel, C::kDqSmemBytes, C::kDqThreads, smem)) return e;
-  kernel<<<dim3(mblocks * (C::kHeadDim / C::kDqCols), p.heads, p.batch), C::kDqThreads, smem, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return launch_on(kernel, dim3(mblocks * (C::kHeadDim / C::kDqCols), p.heads, p.batch),
+                   C::kDqThreads, C::kDqSmemBytes, p, stream);
 }
 
 }  // namespace detail

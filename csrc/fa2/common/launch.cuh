@@ -26,15 +26,21 @@ int set_smem(Kernel kernel, int& smem) {
   return set_launch_smem(kernel, C::kSmemBytes, C::kThreads, smem);
 }
 
+// kernel<<<grid, threads, that shared memory, stream>>>(p); the launch error, or 0.
+template <class Kernel, class Params>
+int launch_on(Kernel kernel, dim3 grid, int threads, int smem_bytes, const Params& p,
+              cudaStream_t stream) {
+  int smem;
+  if (const int e = set_launch_smem(kernel, smem_bytes, threads, smem)) return e;
+  kernel<<<grid, threads, smem, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <class C, class Kernel>
 int launch(Kernel kernel, const FwdParams& p, cudaStream_t stream) {
   const int mblocks = (p.seqlen_q + C::kBlockM - 1) / C::kBlockM;
   if (mblocks == 0 || p.batch == 0 || p.heads == 0) return 0;
-  int smem;
-  if (const int e = set_smem<C>(kernel, smem)) return e;
-  dim3 grid(mblocks, p.heads, p.batch);
-  kernel<<<grid, C::kThreads, smem, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return launch_on(kernel, dim3(mblocks, p.heads, p.batch), C::kThreads, C::kSmemBytes, p, stream);
 }
 
 // Resident CTAs per SM of a kernel (what the split planner counts on); 0 on error.
@@ -54,11 +60,8 @@ int launch_serving(Kernel kernel, const FwdParams& p, cudaStream_t stream) {
   const int rows = p.seqlen_q * p.group;
   const int mblocks = (rows + C::kBlockM - 1) / C::kBlockM;
   if (mblocks == 0 || p.num_partitions == 0 || p.kv_heads == 0) return 0;
-  int smem;
-  if (const int e = set_smem<C>(kernel, smem)) return e;
-  dim3 grid(mblocks, p.kv_heads, p.num_partitions);
-  kernel<<<grid, C::kThreads, smem, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return launch_on(kernel, dim3(mblocks, p.kv_heads, p.num_partitions), C::kThreads,
+                   C::kSmemBytes, p, stream);
 }
 
 }  // namespace detail

@@ -17,7 +17,7 @@
 // bwd_dq_kernel (deterministic): one CTA per (DQ_BM queries, head, batch), warp = 16 query
 // rows: S = Q K^T, dP = dO V^T -> scratch -> dS (fp16, sP) -> dQ += dS K in accumulator
 // fragments, key tiles in ascending order; writes dq itself.
-// Tiles are copied synchronously, as on sm75.
+// Tiles come in as on sm75 (QueryTile prefetches query tiles where the config says so).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -149,10 +149,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
     __syncthreads();  // every warp is done with the previous tile's Q, dO, dS
     tile.store(p, rows, sQ, sdO, sL, sD, tid);
     __syncthreads();
-    if (it + 1 < nsteps) {  // the next tile: in flight while this one computes (kPrefetch)
-      const int gi = (it + 1) / ntiles;
-      tile.load(p, rows, hk * group + gi, (t_lo + it + 1 - gi * ntiles) * BM, tid);
-    }
+    // the next tile: in flight while this one computes (kPrefetch)
+    if (it + 1 < nsteps) tile.load_step(p, rows, it + 1, hk * group, t_lo, ntiles, tid);
 
     // ---- S^T = K Q^T, dP^T = V dO^T -> scratch
     {

@@ -12,8 +12,9 @@
 // bwd_dq_kernel (deterministic): one CTA per (DQ_BM queries, head, batch), warp = 16 query
 // rows, as the forward: S = Q K^T, dP = dO V^T, dS, dQ += dS K in registers, key tiles in
 // ascending order; writes dq itself (fp16, times the scale).
-// Tiles are copied synchronously (no register prefetch): with dK/dV held in registers
-// there are none to spare for staging.
+// Query tiles come through QueryTile (common/bwd_common.cuh): prefetched into registers
+// where the config has registers to spare for it (targets.json "prefetch"), else copied
+// synchronously; K/V and the dQ kernel's tiles are copied synchronously.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -140,10 +141,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
       __syncthreads();  // every warp is done with the previous tile's Q, dO, dS
       tile.store(p, rows, sQ, sdO, sL, sD, tid);
       __syncthreads();
-      if (it + 1 < nsteps) {  // the next tile: in flight while this one computes (kPrefetch)
-        const int gi = (it + 1) / ntiles;
-        tile.load(p, rows, hk * group + gi, (t_lo + it + 1 - gi * ntiles) * BM, tid);
-      }
+      // the next tile: in flight while this one computes (kPrefetch)
+      if (it + 1 < nsteps) tile.load_step(p, rows, it + 1, hk * group, t_lo, ntiles, tid);
       // fragment bases (bytes)
       const uint32_t aK = smem_addr(sK + a_frag), aV = smem_addr(sV + a_frag);
       const uint32_t bQ = smem_addr(sQ + b_frag), bdO = smem_addr(sdO + b_frag);
