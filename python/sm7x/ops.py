@@ -17,6 +17,12 @@ first use, once per process, from the installed package or ``$SM7X_LIBRARY_PATH`
   head_size]`` at ``slot = block * block_size + offset``; negative slots are skipped
 
 dtypes: float16, bfloat16 and float32 (all arithmetic in float32) on CPU and CUDA.
+
+Indices on the device (``positions``, ``slot_mapping``) are checked against the cache on
+CPU. On CUDA the kernels skip a token whose index is outside the cache (checking costs a
+stream sync per call, which serving cannot pay); set ``SM7X_CHECK_INDICES=1`` to check
+them there too, with one sync per call, and get the CPU's ValueError instead (not while a
+CUDA graph is captured, where a sync is not allowed).
 Inputs may be row slices (last dim contiguous, rows of one stride); anything else is
 refused with a message that says to call ``.contiguous()``. The ops have fake
 implementations, so they work under ``torch.compile``.
@@ -26,6 +32,7 @@ This module imports torch; ``import sm7x`` does not import it.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Optional
 
@@ -155,6 +162,33 @@ def _last_contiguous(name: str, t: torch.Tensor, op: str) -> None:
         )
 
 
+def _bad_index(idx: torch.Tensor, limit: int, skip_negative: bool) -> Optional[str]:
+    """'name[i] = v' of the first index outside [0, limit) (negative ones allowed where the op
+    skips them), or None; one host sync."""
+    bad = (idx >= limit) if skip_negative else ((idx < 0) | (idx >= limit))
+    if idx.numel() == 0 or not bool(bad.any()):
+        return None
+    flat = bad.flatten().nonzero()[0, 0]
+    i = tuple(int(x) for x in torch.unravel_index(flat, idx.shape))
+    return f"[{i[0] if len(i) == 1 else ', '.join(map(str, i))}] = {int(idx.flatten()[flat])}"
+
+
+def _check_indices(op: str, name: str, idx: torch.Tensor, limit: int, what: str,
+                   skip_negative: bool) -> None:
+    """With SM7X_CHECK_INDICES set, on CUDA, outside CUDA-graph capture: _bad_index as a
+    ValueError (the CPU op checks the same itself)."""
+    if (idx.device.type != "cuda" or os.environ.get("SM7X_CHECK_INDICES", "0") in ("", "0")
+            or torch.cuda.is_current_stream_capturing()):
+        return
+    bad = _bad_index(idx, limit, skip_negative)
+    if bad is not None:
+        raise ValueError(
+            f"sm7x.{op}: {name}{bad} is outside {what} (valid: "
+            f"{'negative to skip, or ' if skip_negative else ''}0 .. {limit - 1}; checked "
+            f"because SM7X_CHECK_INDICES is set)"
+        )
+
+
 def _eps(eps, op: str) -> float:
     eps = _args.number(f"sm7x.{op}", "eps", eps)
     if not eps >= 0 or eps == float("inf"):
@@ -272,7 +306,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor,
     ``[cos | sin]``, ``rot_dim <= head_size`` (only the first rot_dim dims rotate), of
     the query's dtype or float32. ``is_neox``: rotate halves; else GPT-J interleaved
     pairs. Returns ``(query, key)``. A position outside the cache is an error on CPU; on
-    CUDA (checking would sync the stream) that token is left unrotated.
+    CUDA (checking would sync the stream) that token is left unrotated, unless
+    ``SM7X_CHECK_INDICES=1`` (one sync per call; see the module docstring).
     """
     op = "rotary_embedding"
     load_library()
@@ -317,6 +352,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor,
         _last_contiguous("key", key, op)
     _args.check_writes(f"sm7x.{op}", {"query": query, "key": key},
                        {"positions": positions, "cos_sin_cache": cos_sin_cache})
+    _check_indices(op, "positions", positions, cos_sin_cache.shape[0],
+                   f"cos_sin_cache ({cos_sin_cache.shape[0]} positions)", skip_negative=False)
     torch.ops.sm7x.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
     return query, key
 
@@ -329,7 +366,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     read). Token ``t`` goes to block ``slot // block_size``, offset ``slot % block_size``
     with ``slot = slot_mapping[t]``; tokens with a negative slot (padding) are skipped. A
     slot past the cache is an error on CPU; on CUDA (checking would sync the stream) that
-    token is skipped too.
+    token is skipped too, unless ``SM7X_CHECK_INDICES=1`` (one sync per call; see the module
+    docstring).
     """
     op = "reshape_and_cache"
     load_library()
@@ -361,4 +399,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
         )
     _args.check_writes(f"sm7x.{op}", {"key_cache": key_cache, "value_cache": value_cache},
                        {"key": key, "value": value, "slot_mapping": slot_mapping})
+    slots = key_cache.shape[0] * key_cache.shape[1]
+    _check_indices(op, "slot_mapping", slot_mapping, slots,
+                   f"the cache ({key_cache.shape[0]} blocks x {key_cache.shape[1]} = {slots} "
+                   f"slots)", skip_negative=True)
     torch.ops.sm7x.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)

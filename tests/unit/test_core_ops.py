@@ -341,6 +341,35 @@ def test_rotary_out_of_range_positions(device):
         ops.rotary_embedding(positions, query, None, 16, cache[:0], True)
 
 
+def test_index_checks_on_request(device, monkeypatch):
+    """SM7X_CHECK_INDICES=1: CUDA refuses what the CPU op refuses, before anything is written."""
+    monkeypatch.setenv("SM7X_CHECK_INDICES", "1")
+    err = ValueError if device != "cpu" else RuntimeError
+    cache = make_cache(8, 16, torch.float32, device)
+    query = randn(2, 16, dtype=torch.float32, device=device)
+    before = query.clone()
+    for bad in (8, -1):
+        with pytest.raises(err, match=rf"positions\[1\] = {bad} is outside"):
+            ops.rotary_embedding(torch.tensor([3, bad], device=device), query, None, 16, cache,
+                                 True)
+        assert torch.equal(query, before)
+    key = torch.randn(3, 2, 8, device=device)
+    kc, vc = torch.zeros(4, 16, 2, 8, device=device), torch.zeros(4, 16, 2, 8, device=device)
+    with pytest.raises(err, match=r"slot_mapping\[2\] = 64 is outside"):
+        ops.reshape_and_cache(key, key, kc, vc, torch.tensor([0, -1, 64], device=device))
+    assert not kc.any() and not vc.any()
+    ops.reshape_and_cache(key, key, kc, vc, torch.tensor([0, -1, 63], device=device))  # -1: padding
+    assert torch.equal(kc[0, 0], key[0]) and torch.equal(vc[3, 15], key[2])
+
+
+def test_bad_index_finds_the_first():
+    bad = ops._bad_index
+    assert bad(torch.tensor([0, 3, 5, -1]), 5, skip_negative=False) == "[2] = 5"
+    assert bad(torch.tensor([[0, 3], [1, -1]]), 5, skip_negative=False) == "[1, 1] = -1"
+    assert bad(torch.tensor([[0, 3], [1, -1]]), 5, skip_negative=True) is None
+    assert bad(torch.tensor([], dtype=torch.int64), 5, skip_negative=False) is None
+
+
 def test_rotary_bad_inputs(device):
     cache = make_cache(8, 16, torch.float32, device)
     pos = torch.zeros(2, dtype=torch.long, device=device)

@@ -217,7 +217,7 @@ __device__ __forceinline__ void query_range(const FwdParams& p, int n0, int n_la
 }
 
 // One query tile of the main kernel's loop (query head h, rows m0 .. m0 + BM - 1) into shared
-// memory: Q, dO [BM][D + 8], base-2 LSE and dsum [BM] (DSUM false: zeros, the dV pass). With
+// memory: Q, dO [BM][D + 8], base-2 LSE and dsum [BM] (DSUM false: no dsum, the dV pass). With
 // C::kPrefetch, load() fills registers that store() writes out after the next barrier;
 // without, store() copies synchronously (load() does nothing).
 template <class C, bool DSUM>
@@ -268,7 +268,7 @@ struct QueryTile {
       held.dout.template store<ST>(sdO, tid);
       if (tid < BM) {
         sL[tid] = lse_log2(held.lse2);
-        sD[tid] = held.dsum;
+        if constexpr (DSUM) sD[tid] = held.dsum;
       }
     } else {
       copy_rows<BM, T, D, ST, C::kCopyBatch>(sQ, static_cast<const __half*>(p.q) +
@@ -281,20 +281,22 @@ struct QueryTile {
         const int r = m0 + tid;
         sL[tid] = r < rows.sq ? lse_log2(p.lse[q_like(rows, h, p.lse_batch_stride, 1, p.lse_head_stride) + r])
                               : INFINITY;
-        sD[tid] = r < rows.sq && DSUM ? p.dsum[q_like(rows, h, p.dsum_batch_stride, 1, p.dsum_head_stride) + r]
-                                      : 0.f;
+        if constexpr (DSUM)
+          sD[tid] = r < rows.sq ? p.dsum[q_like(rows, h, p.dsum_batch_stride, 1, p.dsum_head_stride) + r]
+                                : 0.f;
       }
     }
   }
 };
 
-// Grid (key blocks, kv heads, batch): seqlen_k is max_seqlen_k for varlen.
-template <class C, class Kernel>
+// Grid (key blocks, kv heads, batch) of the main kernel in mode MODE (BwdMode): seqlen_k is
+// max_seqlen_k for varlen.
+template <class C, int MODE, class Kernel>
 int launch_bwd(Kernel kernel, const BwdParams& p, cudaStream_t stream) {
   const int nblocks = (p.seqlen_k + C::kBlockN - 1) / C::kBlockN;
   if (nblocks == 0 || p.batch == 0 || p.kv_heads == 0) return 0;
-  return launch_on(kernel, dim3(nblocks, p.kv_heads, p.batch), C::kThreads, C::kSmemBytes, p,
-                   stream);
+  return launch_on(kernel, dim3(nblocks, p.kv_heads, p.batch), C::kThreads,
+                   C::smem_bytes(MODE), p, stream);
 }
 
 // Grid (query blocks, heads, batch) of the deterministic dQ kernel.

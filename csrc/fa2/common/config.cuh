@@ -40,13 +40,13 @@ struct TileShape {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kStride = D + 8;  // fp16 tile row stride (halves)
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static constexpr int kQLoads = BR * kChunks / kThreads;     // uint4 per thread, Q tile
-  static constexpr int kTileLoads = BC * kChunks / kThreads;  // uint4 per thread, K/V tile
+  // uint4 per thread of a Q / K-V tile copy (the last round partial where the chunks do
+  // not split evenly over the threads: in_tile, common/tile_io.cuh)
+  static constexpr int kQLoads = (BR * kChunks + kThreads - 1) / kThreads;
+  static constexpr int kTileLoads = (BC * kChunks + kThreads - 1) / kThreads;
   static_assert(D % 16 == 0 && D <= 256, "head dim: a multiple of 16, at most 256");
   static_assert(BR % 16 == 0 && BC % 16 == 0, "tiles: multiples of 16");
   static_assert((WR == 16 || WR == 32) && BR % WR == 0, "warp rows: 16 or 32, dividing BR");
-  static_assert(BR * kChunks % kThreads == 0 && BC * kChunks % kThreads == 0,
-                "tile loads must split evenly over the threads");
 };
 
 }  // namespace fa2

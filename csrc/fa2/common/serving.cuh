@@ -105,7 +105,7 @@ __device__ __forceinline__ void fetch_pages(int (&pg)[LOADS], const FwdParams& p
     int row, c;
     tile_coord<C>(i, tid, row, c);
     const int j = n0 + row;
-    pg[i] = pages != nullptr && j < n
+    pg[i] = pages != nullptr && j < n && in_tile<C, C::kBlockN>(i, tid)
                 ? clamp_int(__ldg(pages + (j >> p.page_shift)), 0, p.num_pages - 1)
                 : 0;
   }
@@ -126,7 +126,7 @@ __device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const __half*
     tile_coord<C>(i, tid, row, c);
     const int j = n0 + row;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (j < n && c * 8 < head_dim) {
+    if (in_tile<C, C::kBlockN>(i, tid) && j < n && c * 8 < head_dim) {
       const int64_t off = paged ? (int64_t)pg[i] * page_stride +
                                       (int64_t)(j & ((1 << page_shift) - 1)) * row_stride
                                 : (int64_t)j * row_stride;
@@ -257,10 +257,10 @@ template <class C, bool SERVING>
 __device__ __forceinline__ void load_q(uint4 (&r)[C::kQLoads], const FwdParams& p,
                                        const CtaWork& c, int m0, int tid) {
   if constexpr (SERVING)
-    load_tile_rows<C>(r, c.qg, PackedRows{p.group, p.q_row_stride, p.q_head_stride}, m0, c.sq,
+    load_tile_rows<C, C::kBlockM>(r, c.qg, PackedRows{p.group, p.q_row_stride, p.q_head_stride}, m0, c.sq,
                       p.head_dim, tid);
   else
-    load_tile<C>(r, c.qg, p.q_row_stride, m0, c.sq, p.head_dim, tid);
+    load_tile<C, C::kBlockM>(r, c.qg, p.q_row_stride, m0, c.sq, p.head_dim, tid);
 }
 
 // A K or V tile (g, batch_stride, row_stride: its base and strides) -> registers.
@@ -275,7 +275,7 @@ __device__ __forceinline__ void load_kv(uint4 (&r)[LOADS], const __half* g, cons
     load_cache_tile<C>(r, g, pg, c.w.pages != nullptr, p.page_shift, batch_stride, row_stride,
                        n0, c.sk, p.head_dim, tid);
   else
-    load_tile<C>(r, g, row_stride, n0, c.sk, p.head_dim, tid);
+    load_tile<C, C::kBlockN>(r, g, row_stride, n0, c.sk, p.head_dim, tid);
 }
 
 }  // namespace detail

@@ -29,16 +29,30 @@ __device__ __forceinline__ void tile_coord(int i, int tid, int& row, int& c) {
   }
 }
 
+// Whether the i-th uint4 of thread tid lies inside a tile of ROWS rows: always, unless the
+// tile's 16-byte chunks do not split evenly over the threads (e.g. 32 rows of d = 112,
+// 448 chunks over 128 threads); then the copy runs ceil(chunks / threads) rounds and the
+// last one is partial. i is a compile-time constant in every unrolled caller, so even
+// tiles get no test at all.
+template <class C, int ROWS>
+__device__ __forceinline__ bool in_tile(int i, int tid) {
+  constexpr int kTotal = ROWS * C::kChunks;
+  if constexpr (kTotal % C::kThreads == 0)
+    return true;
+  else
+    return i < kTotal / C::kThreads || tid + i * C::kThreads < kTotal;
+}
+
 // Rows n0 .. of a strided tile: row j is j * stride elements on.
 struct StridedRows {
   int64_t stride;
   __device__ __forceinline__ int64_t operator()(int j) const { return (int64_t)j * stride; }
 };
 
-// rows [n0, n0 + ROWS) x all chunks of a [rows][D] fp16 tile into registers; rows >= n
+// rows [n0, n0 + ROWS) x all chunks of a [ROWS][D] fp16 tile into registers; rows >= n
 // and chunks past the real head dim read as zeros. row_offset(j) is the element offset of
 // row j from g (StridedRows; the serving kernels: packed GQA rows of q).
-template <class C, int LOADS, class RowOffset>
+template <class C, int ROWS, int LOADS, class RowOffset>
 __device__ __forceinline__ void load_tile_rows(uint4 (&r)[LOADS], const __half* g,
                                                const RowOffset& row_offset, int n0, int n,
                                                int head_dim, int tid) {
@@ -47,26 +61,26 @@ __device__ __forceinline__ void load_tile_rows(uint4 (&r)[LOADS], const __half* 
     int row, c;
     tile_coord<C>(i, tid, row, c);
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (n0 + row < n && c * 8 < head_dim)
+    if (in_tile<C, ROWS>(i, tid) && n0 + row < n && c * 8 < head_dim)
       v = __ldg(reinterpret_cast<const uint4*>(g + row_offset(n0 + row) + c * 8));
     r[i] = v;
   }
 }
 
-template <class C, int LOADS>
+template <class C, int ROWS, int LOADS>
 __device__ __forceinline__ void load_tile(uint4 (&r)[LOADS], const __half* g,
                                           int64_t row_stride, int n0, int n, int head_dim,
                                           int tid) {
-  load_tile_rows<C>(r, g, StridedRows{row_stride}, n0, n, head_dim, tid);
+  load_tile_rows<C, ROWS>(r, g, StridedRows{row_stride}, n0, n, head_dim, tid);
 }
 
-template <class C, int LOADS>
+template <class C, int ROWS, int LOADS>
 __device__ __forceinline__ void store_tile(__half* s, const uint4 (&r)[LOADS], int tid) {
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
     int row, c;
     tile_coord<C>(i, tid, row, c);
-    *reinterpret_cast<uint4*>(s + row * C::kStride + c * 8) = r[i];
+    if (in_tile<C, ROWS>(i, tid)) *reinterpret_cast<uint4*>(s + row * C::kStride + c * 8) = r[i];
   }
 }
 

@@ -44,10 +44,14 @@ struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS
   static constexpr int kWarpScratchFloats = 2 * 16 * kSS;
   static constexpr int kTileBytes = (2 * BN + 2 * BM) * S::kStride * 2;
   // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; per warp a fp32 scratch
-  // [2][16][BM + 8] and P^T [16][BM + 8] fp16; LSE, dsum [BM] fp32
-  static constexpr int kSmemBytes = kTileBytes + BN * S::kDsStride * 2 +
-                                    S::kWarps * (kWarpScratchFloats * 4 + 16 * S::kDsStride * 2) +
-                                    2 * BM * 4;
+  // [2][16][BM + 8] and P^T [16][BM + 8] fp16; LSE, dsum [BM] fp32. The dV pass of a split
+  // backward (mode kBwdDv) has no V and no dS^T (d = 256: 2 CTAs per V100 SM instead of 1).
+  static constexpr int smem_bytes(int mode) {
+    return kTileBytes + BN * S::kDsStride * 2 +
+           S::kWarps * (kWarpScratchFloats * 4 + 16 * S::kDsStride * 2) + 2 * BM * 4 -
+           (mode == detail::kBwdDv ? BN * S::kStride * 2 + BN * S::kDsStride * 2 : 0);
+  }
+  static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);
   // dQ kernel: Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8]; per warp a fp32 scratch
   // [2][16][DQ_BN + 8] and dS [16][DQ_BN + 8] fp16
   static constexpr int kDqSS = DQ_BN + 8;
@@ -95,12 +99,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   constexpr int SD = C::kDsStride, SS = C::kSS, T = C::kThreads, W = C::kWarps;
   constexpr bool kDv = MODE != kBwdDkDq, kDk = MODE != kBwdDv;
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  // the layout of BwdConfig::smem_bytes(MODE): the dV pass has no sV, sdS
   __half* const sK = reinterpret_cast<__half*>(smem_raw);
   __half* const sV = sK + BN * ST;
-  __half* const sQ = sV + BN * ST;
+  __half* const sQ = sV + (kDk ? BN : 0) * ST;
   __half* const sdO = sQ + BM * ST;
   __half* const sdS = sdO + BM * ST;
-  float* const scratch0 = reinterpret_cast<float*>(sdS + BN * SD);
+  float* const scratch0 = reinterpret_cast<float*>(sdS + (kDk ? BN : 0) * SD);
   __half* const sP0 = reinterpret_cast<__half*>(scratch0 + W * C::kWarpScratchFloats);
   float* const sL = reinterpret_cast<float*>(sP0 + W * 16 * SD);
   float* const sD = sL + BM;
@@ -123,9 +128,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   copy_rows<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
                                   k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
                           p.k_row_stride, n0, sk, head_dim, tid);
-  copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
-                                  k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
-                          p.v_row_stride, n0, sk, head_dim, tid);
+  if constexpr (kDk)
+    copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
+                                    k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+                            p.v_row_stride, n0, sk, head_dim, tid);
 
   int m_lo, m_hi;
   query_range(p, n0, n_last, sq, off, m_lo, m_hi);
@@ -451,10 +457,10 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
 template <class C>
 int run_bwd_main(const BwdParams& p, cudaStream_t stream) {
   if constexpr (C::kSplit) {
-    if (const int e = detail::launch_bwd<C>(bwd_kernel<C, detail::kBwdDv>, p, stream)) return e;
-    return detail::launch_bwd<C>(bwd_kernel<C, detail::kBwdDkDq>, p, stream);
+    if (const int e = detail::launch_bwd<C, detail::kBwdDv>(bwd_kernel<C, detail::kBwdDv>, p, stream)) return e;
+    return detail::launch_bwd<C, detail::kBwdDkDq>(bwd_kernel<C, detail::kBwdDkDq>, p, stream);
   } else {
-    return detail::launch_bwd<C>(bwd_kernel<C, detail::kBwdAll>, p, stream);
+    return detail::launch_bwd<C, detail::kBwdAll>(bwd_kernel<C, detail::kBwdAll>, p, stream);
   }
 }
 

@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   {
     uint4 qr[C::kQLoads];
     load_q<C, SERVING>(qr, p, cw, m0, tid);
-    store_tile<C>(sQ, qr, tid);
+    store_tile<C, BR>(sQ, qr, tid);
   }
 
   Acc o[MS][D / 16];
@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     load_k(stage_k, t_lo * BC);
     load_v(stage_v, t_lo * BC);
     fetch((t_lo + 1) * BC);
-    store_tile<C>(sK, stage_k, tid);
-    store_tile<C>(sV, stage_v, tid);
+    store_tile<C, BC>(sK, stage_k, tid);
+    store_tile<C, BC>(sV, stage_v, tid);
   }
   __syncthreads();
 
@@ -316,8 +316,8 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         load_v(stage_v, n0 + BC);
         fetch(n0 + 2 * BC);
       }
-      store_tile<C>(sK, stage_k, tid);
-      store_tile<C>(sV, stage_v, tid);
+      store_tile<C, BC>(sK, stage_k, tid);
+      store_tile<C, BC>(sV, stage_v, tid);
       __syncthreads();
     }
   }

@@ -36,9 +36,15 @@ template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH
           int MIN_BLOCKS = 1>
 struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS> {
   using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS>;
-  // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; LSE, dsum [BM] fp32
-  static constexpr int kSmemBytes =
-      (2 * BN + 2 * BM) * S::kStride * 2 + BN * S::kDsStride * 2 + 2 * BM * 4;
+  // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; LSE, dsum [BM] fp32. The dV
+  // pass of a split backward (mode kBwdDv) has no V, dS^T or dsum: less shared memory, so
+  // that more of its CTAs fit on a Turing SM (d = 256: 2 instead of 1).
+  static constexpr int smem_bytes(int mode) {
+    return mode == detail::kBwdDv
+               ? (BN + 2 * BM) * S::kStride * 2 + BM * 4
+               : (2 * BN + 2 * BM) * S::kStride * 2 + BN * S::kDsStride * 2 + 2 * BM * 4;
+  }
+  static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);
   // Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8]
   static constexpr int kDqSmemBytes = (2 * DQ_BM + 2 * DQ_BN) * S::kStride * 2;
   // dQ of a query tile: BM / 16 slices x D / 8 n8 tiles spread over the warps
@@ -83,12 +89,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   constexpr int KKU = D >= 256 ? 1 : 2;
   constexpr bool kDv = MODE != kBwdDkDq, kDk = MODE != kBwdDv;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  // the layout of BwdConfig::smem_bytes(MODE): the dV pass has no sV, sdS, sD
   __half* const sK = reinterpret_cast<__half*>(smem_raw);
   __half* const sV = sK + BN * ST;
-  __half* const sQ = sV + BN * ST;
+  __half* const sQ = sV + (kDk ? BN : 0) * ST;
   __half* const sdO = sQ + BM * ST;
   __half* const sdS = sdO + BM * ST;
-  float* const sL = reinterpret_cast<float*>(sdS + BN * SD);
+  float* const sL = reinterpret_cast<float*>(sdS + (kDk ? BN : 0) * SD);
   float* const sD = sL + BM;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -107,9 +114,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   copy_rows<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
                                   k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
                           p.k_row_stride, n0, sk, head_dim, tid);
-  copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
-                                  k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
-                          p.v_row_stride, n0, sk, head_dim, tid);
+  if constexpr (kDk)
+    copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
+                                    k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+                            p.v_row_stride, n0, sk, head_dim, tid);
 
   int m_lo, m_hi;
   query_range(p, n0, n_last, sq, off, m_lo, m_hi);
@@ -500,10 +508,10 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
 template <class C>
 int run_bwd_main(const BwdParams& p, cudaStream_t stream) {
   if constexpr (C::kSplit) {
-    if (const int e = detail::launch_bwd<C>(bwd_kernel<C, detail::kBwdDv>, p, stream)) return e;
-    return detail::launch_bwd<C>(bwd_kernel<C, detail::kBwdDkDq>, p, stream);
+    if (const int e = detail::launch_bwd<C, detail::kBwdDv>(bwd_kernel<C, detail::kBwdDv>, p, stream)) return e;
+    return detail::launch_bwd<C, detail::kBwdDkDq>(bwd_kernel<C, detail::kBwdDkDq>, p, stream);
   } else {
-    return detail::launch_bwd<C>(bwd_kernel<C, detail::kBwdAll>, p, stream);
+    return detail::launch_bwd<C, detail::kBwdAll>(bwd_kernel<C, detail::kBwdAll>, p, stream);
   }
 }
 

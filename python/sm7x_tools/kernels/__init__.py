@@ -276,7 +276,9 @@ def _bwd_stats(name: str, insns, res: dict, targets: dict, lib) -> KernelStats:
     if entry is None:
         raise LookupError(f"{lib}: its {arch} d={d} backward kernel is not in the given "
                           "targets.json: pass the one the library was built from (--targets)")
-    smem = entry["dq_smem_bytes" if kind == "bwd dQ" else "smem_bytes"] + res["shared"]
+    # the dV pass of a split entry has its own (smaller) layout: no V, no dS^T
+    key = {"bwd dQ": "dq_smem_bytes", "bwd dV": "dv_smem_bytes"}.get(kind, "smem_bytes")
+    smem = entry.get(key, entry["smem_bytes"]) + res["shared"]
     body = tile_loop(insns)
     n_tensor, flop_warp = tensor_flop_per_warp(body)
     warps = threads // 32
