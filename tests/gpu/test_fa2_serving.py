@@ -239,6 +239,7 @@ MIXES = {
 }
 SHAPES = [  # (head_dim, num_heads, num_kv_heads, page_size)
     (64, 8, 8, 16),
+    (112, 16, 4, 32),  # 32-key tiles of 112-wide rows: the copies' partial last round
     (128, 32, 8, 64),
     (256, 8, 1, 128),
 ]
