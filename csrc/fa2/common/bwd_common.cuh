@@ -29,8 +29,10 @@ namespace fa2 {
 // PREFETCH: the next query tile's Q, dO, LSE and dsum are loaded into registers while the
 // current one computes (QueryTile), instead of synchronously at its start. MIN_BLOCKS: the
 // main kernel's __launch_bounds__ minimum of resident CTAs per SM (caps its registers).
+// V_IN_REGS: each warp holds its 16 keys of V as MMA A fragments in registers, loaded once
+// from global memory; dP^T = V dO^T then needs no V tile in shared memory (sm75).
 template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
-          int MIN_BLOCKS = 1>
+          int MIN_BLOCKS = 1, bool V_IN_REGS = false>
 struct BwdShape {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockN = BN;
@@ -40,6 +42,7 @@ struct BwdShape {
   static constexpr bool kSplit = SPLIT;
   static constexpr bool kPrefetch = PREFETCH;
   static constexpr int kMinBlocks = MIN_BLOCKS;
+  static constexpr bool kVInRegs = V_IN_REGS;
   static constexpr int kWarps = BN / 16;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kDqWarps = DQ_BM / 16;

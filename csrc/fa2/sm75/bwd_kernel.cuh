@@ -33,16 +33,18 @@ namespace fa2 {
 namespace sm75 {
 
 template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
-          int MIN_BLOCKS = 1>
-struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS> {
-  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS>;
+          int MIN_BLOCKS = 1, bool V_IN_REGS = false>
+struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS> {
+  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS>;
   // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; LSE, dsum [BM] fp32. The dV
   // pass of a split backward (mode kBwdDv) has no V, dS^T or dsum: less shared memory, so
-  // that more of its CTAs fit on a Turing SM (d = 256: 2 instead of 1).
+  // that more of its CTAs fit on a Turing SM (d = 256: 2 instead of 1); with V_IN_REGS no
+  // mode has a V tile.
   static constexpr int smem_bytes(int mode) {
     return mode == detail::kBwdDv
                ? (BN + 2 * BM) * S::kStride * 2 + BM * 4
-               : (2 * BN + 2 * BM) * S::kStride * 2 + BN * S::kDsStride * 2 + 2 * BM * 4;
+               : ((V_IN_REGS ? 1 : 2) * BN + 2 * BM) * S::kStride * 2 + BN * S::kDsStride * 2 +
+                     2 * BM * 4;
   }
   static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);
   // Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8]
@@ -88,11 +90,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   // faster at d80-d128); full unrolling only adds registers, and d256 has none to spare
   constexpr int KKU = D >= 256 ? 1 : 2;
   constexpr bool kDv = MODE != kBwdDkDq, kDk = MODE != kBwdDv;
+  constexpr bool kVRegs = C::kVInRegs && kDk;  // V as A fragments in registers, no sV
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // the layout of BwdConfig::smem_bytes(MODE): the dV pass has no sV, sdS, sD
   __half* const sK = reinterpret_cast<__half*>(smem_raw);
   __half* const sV = sK + BN * ST;
-  __half* const sQ = sV + (kDk ? BN : 0) * ST;
+  __half* const sQ = sV + (kDk && !kVRegs ? BN : 0) * ST;
   __half* const sdO = sQ + BM * ST;
   __half* const sdS = sdO + BM * ST;
   float* const sL = reinterpret_cast<float*>(sdS + (kDk ? BN : 0) * SD);
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   copy_rows<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
                                   k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
                           p.k_row_stride, n0, sk, head_dim, tid);
-  if constexpr (kDk)
+  if constexpr (kDk && !kVRegs)
     copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
                                     k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
                             p.v_row_stride, n0, sk, head_dim, tid);
@@ -136,6 +139,24 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   const int bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
   const int ds_frag = ((lane & 7) + (lane >> 4) * 8) * SD + ((lane >> 3) & 1) * 8;
   const int key0 = n0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
+  // kVRegs: the A fragments of V's 16 x D block of this warp straight from global memory, as
+  // ldsm_x4 at aV + kk * 32 would give them (r: rows +0/+8, columns +0/+8 of slice kk);
+  // 32-bit loads, once per CTA. Keys past sk and columns past head_dim are zeros.
+  [[maybe_unused]] uint32_t vfrag[kVRegs ? D / 16 : 1][4];
+  if constexpr (kVRegs) {
+    const __half* const vg = static_cast<const __half*>(p.v) +
+                             k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = key0 + (r & 1) * 8, col = kk * 16 + (r >> 1) * 8 + tig * 2;
+        vfrag[kk][r] = key < sk && col < head_dim
+                           ? __ldg(reinterpret_cast<const unsigned int*>(
+                                 vg + (int64_t)key * p.v_row_stride + col))
+                           : 0u;
+      }
+  }
 
   // One flat loop over (query head of the group, query tile): offsets are recomputed from
   // the parameters each step instead of held across it (registers: dK/dV need them).
@@ -162,7 +183,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
       for (int i = 0; i < NQ; ++i) st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.f;
 #pragma unroll
       for (int i = 0; i < (kDk ? NQ : 1); ++i) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
-#pragma unroll KKU
+      // fully unrolled with kVRegs: vfrag[kk] must be a register, not re-loaded per tile
+#pragma unroll(kVRegs ? D / 16 : KKU)
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t ak[4];
         ldsm_x4(ak, aK + kk * 32);
@@ -177,7 +199,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
         }
         if constexpr (kDk) {
           uint32_t av[4];
-          ldsm_x4(av, aV + kk * 32);
+          if constexpr (kVRegs) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) av[r] = vfrag[kk][r];
+          } else {
+            ldsm_x4(av, aV + kk * 32);
+          }
 #pragma unroll
           for (int nn = 0; nn < BM / 16; ++nn) {
             uint32_t bd[4];

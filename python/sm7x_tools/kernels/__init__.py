@@ -47,10 +47,11 @@ WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELNS0_10KvPrefetchE\d+ELb[01]"
                     r"(?:ELi(\d+))?EEELb([01])EEEv")
 # bwd_kernel<BwdConfig<head_dim, block_n, block_m, dq_block_m, dq_block_n, split, prefetch,
-# min_blocks>, mode> and bwd_dq_kernel<BwdConfig<...>> (common/bwd_common.cuh: mode 0 all,
-# 1 dV only, 2 dK and dQ); libraries built before prefetch end the config at split
+# min_blocks, v_in_regs>, mode> and bwd_dq_kernel<BwdConfig<...>> (common/bwd_common.cuh:
+# mode 0 all, 1 dV only, 2 dK and dQ); libraries built before prefetch end the config at
+# split, those before v_in_regs at min_blocks
 BWD_KERNEL = re.compile(r"(bwd_kernel|bwd_dq_kernel)INS1_9BwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)"
-                        r"ELi(\d+)ELb([01])(?:ELb[01]ELi\d+)?EEE(?:Li(\d)E)?E")
+                        r"ELi(\d+)ELb([01])(?:ELb[01]ELi\d+(?:ELb[01])?)?EEE(?:Li(\d)E)?E")
 BWD_MODES = {0: "bwd", 1: "bwd dV", 2: "bwd dKdQ"}
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 
