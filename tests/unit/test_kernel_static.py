@@ -64,6 +64,12 @@ def test_backward_kernel_names_tiles_and_flop():
     assert kernels.bwd_key(main) == ("bwd", 128, 64, 32, 128, False)
     assert kernels.bwd_key(dv) == ("bwd dV", 256, 16, 16, 32, True)
     assert kernels.bwd_key(dq) == ("bwd dQ", 256, 32, 16, 64, True)
+    # today's names: prefetch, min_blocks and v_in_regs follow split
+    vregs = ("_ZN4sm7x3fa24sm7510bwd_kernelINS1_9BwdConfigILi128ELi64ELi16ELi64ELi32ELb1ELb1ELi2ELb1"
+             "EEELi2EEEvNS0_9BwdParamsE")
+    assert kernels.bwd_key(vregs) == ("bwd dKdQ", 128, 64, 16, 128, True)
+    assert kernels.bwd_key(vregs.replace("ELi2ELb1EEE", "ELi2EEE")) == ("bwd dKdQ", 128, 64, 16,
+                                                                        128, True)
     assert kernels.bwd_key(main.replace("bwd_kernel", "fwd_kernel")) is None
     assert kernels.kernel_key(main) is None
     # 2 * rows * cols * d per GEMM: 5 in the main kernel, 2 + 4 in the split passes, 3 in dQ
