@@ -21,8 +21,8 @@ dtypes: float16, bfloat16 and float32 (all arithmetic in float32) on CPU and CUD
 Indices on the device (``positions``, ``slot_mapping``) are checked against the cache on
 CPU. On CUDA the kernels skip a token whose index is outside the cache (checking costs a
 stream sync per call, which serving cannot pay); set ``SM7X_CHECK_INDICES=1`` to check
-them there too, with one sync per call, and get the CPU's ValueError instead (not while a
-CUDA graph is captured, where a sync is not allowed).
+them there too, with one sync per call: a ValueError naming the index, where the CPU op
+raises (not while a CUDA graph is captured, where a sync is not allowed).
 Inputs may be row slices (last dim contiguous, rows of one stride); anything else is
 refused with a message that says to call ``.contiguous()``. The ops have fake
 implementations, so they work under ``torch.compile``.
@@ -163,8 +163,8 @@ def _last_contiguous(name: str, t: torch.Tensor, op: str) -> None:
 
 
 def _bad_index(idx: torch.Tensor, limit: int, skip_negative: bool) -> Optional[str]:
-    """'name[i] = v' of the first index outside [0, limit) (negative ones allowed where the op
-    skips them), or None; one host sync."""
+    """'[i] = v' (the position and value) of the first index outside [0, limit) (negative ones
+    allowed where the op skips them), or None; one host sync."""
     bad = (idx >= limit) if skip_negative else ((idx < 0) | (idx >= limit))
     if idx.numel() == 0 or not bool(bad.any()):
         return None
@@ -177,7 +177,8 @@ def _check_indices(op: str, name: str, idx: torch.Tensor, limit: int, what: str,
                    skip_negative: bool) -> None:
     """With SM7X_CHECK_INDICES set, on CUDA, outside CUDA-graph capture: _bad_index as a
     ValueError (the CPU op checks the same itself)."""
-    if (idx.device.type != "cuda" or os.environ.get("SM7X_CHECK_INDICES", "0") in ("", "0")
+    flag = os.environ.get("SM7X_CHECK_INDICES", "").strip().lower()
+    if (idx.device.type != "cuda" or flag in ("", "0", "false", "no", "off")
             or torch.cuda.is_current_stream_capturing()):
         return
     bad = _bad_index(idx, limit, skip_negative)

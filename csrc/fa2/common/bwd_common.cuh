@@ -23,6 +23,11 @@
 namespace sm7x {
 namespace fa2 {
 
+namespace detail {
+// What a main-kernel launch computes: everything, or (split) the dV pass, then dK and dQ.
+enum BwdMode { kBwdAll = 0, kBwdDv = 1, kBwdDkDq = 2 };
+}  // namespace detail
+
 // BN keys per CTA (16 per warp), BM queries per tile; the deterministic dQ kernel: DQ_BM
 // queries per CTA (16 per warp), DQ_BN keys per tile. SPLIT: dV in one pass, dK and dQ in a
 // second (d = 256: dK and dV together would need 256 fp32 registers per thread).
@@ -43,6 +48,15 @@ struct BwdShape {
   static constexpr bool kPrefetch = PREFETCH;
   static constexpr int kMinBlocks = MIN_BLOCKS;
   static constexpr bool kVInRegs = V_IN_REGS;
+  // Rows of the main kernel's V and dS^T tiles in shared memory in mode `mode`: what both the
+  // archs' smem_bytes(mode) and their kernels' layouts are made of. The dV pass of a split
+  // backward needs neither; with V_IN_REGS no mode has a V tile.
+  __host__ __device__ static constexpr int v_rows(int mode) {
+    return mode == detail::kBwdDv || V_IN_REGS ? 0 : BN;
+  }
+  __host__ __device__ static constexpr int ds_rows(int mode) {
+    return mode == detail::kBwdDv ? 0 : BN;
+  }
   static constexpr int kWarps = BN / 16;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kDqWarps = DQ_BM / 16;
@@ -64,8 +78,6 @@ struct BwdShape {
 };
 
 namespace detail {
-
-enum BwdMode { kBwdAll = 0, kBwdDv = 1, kBwdDkDq = 2 };
 
 // Element offsets of a (batch, head)'s first row: batched b * batch_stride, varlen the
 // sequence's first token * row_stride.

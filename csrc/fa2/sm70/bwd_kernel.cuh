@@ -46,11 +46,11 @@ struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS
   static constexpr int kTileBytes = (2 * BN + 2 * BM) * S::kStride * 2;
   // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; per warp a fp32 scratch
   // [2][16][BM + 8] and P^T [16][BM + 8] fp16; LSE, dsum [BM] fp32. The dV pass of a split
-  // backward (mode kBwdDv) has no V and no dS^T (d = 256: 2 CTAs per V100 SM instead of 1).
+  // backward (mode kBwdDv) has no V and no dS^T (S::v_rows, S::ds_rows; d = 256: 2 CTAs per
+  // V100 SM instead of 1).
   static constexpr int smem_bytes(int mode) {
-    return kTileBytes + BN * S::kDsStride * 2 +
-           S::kWarps * (kWarpScratchFloats * 4 + 16 * S::kDsStride * 2) + 2 * BM * 4 -
-           (mode == detail::kBwdDv ? BN * S::kStride * 2 + BN * S::kDsStride * 2 : 0);
+    return (BN + S::v_rows(mode) + 2 * BM) * S::kStride * 2 + S::ds_rows(mode) * S::kDsStride * 2 +
+           S::kWarps * (kWarpScratchFloats * 4 + 16 * S::kDsStride * 2) + 2 * BM * 4;
   }
   static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);
   // dQ kernel: Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8]; per warp a fp32 scratch
@@ -100,13 +100,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   constexpr int SD = C::kDsStride, SS = C::kSS, T = C::kThreads, W = C::kWarps;
   constexpr bool kDv = MODE != kBwdDkDq, kDk = MODE != kBwdDv;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  // the layout of BwdConfig::smem_bytes(MODE): the dV pass has no sV, sdS
+  // the layout of BwdConfig::smem_bytes(MODE)
   __half* const sK = reinterpret_cast<__half*>(smem_raw);
   __half* const sV = sK + BN * ST;
-  __half* const sQ = sV + (kDk ? BN : 0) * ST;
+  __half* const sQ = sV + C::v_rows(MODE) * ST;
   __half* const sdO = sQ + BM * ST;
   __half* const sdS = sdO + BM * ST;
-  float* const scratch0 = reinterpret_cast<float*>(sdS + (kDk ? BN : 0) * SD);
+  float* const scratch0 = reinterpret_cast<float*>(sdS + C::ds_rows(MODE) * SD);
   __half* const sP0 = reinterpret_cast<__half*>(scratch0 + W * C::kWarpScratchFloats);
   float* const sL = reinterpret_cast<float*>(sP0 + W * 16 * SD);
   float* const sD = sL + BM;
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   copy_rows<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
                                   k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
                           p.k_row_stride, n0, sk, head_dim, tid);
-  if constexpr (kDk)
+  if constexpr (C::v_rows(MODE) > 0)
     copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
                                     k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
                             p.v_row_stride, n0, sk, head_dim, tid);

@@ -37,14 +37,11 @@ template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH
 struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS> {
   using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS>;
   // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; LSE, dsum [BM] fp32. The dV
-  // pass of a split backward (mode kBwdDv) has no V, dS^T or dsum: less shared memory, so
-  // that more of its CTAs fit on a Turing SM (d = 256: 2 instead of 1); with V_IN_REGS no
-  // mode has a V tile.
+  // pass of a split backward (mode kBwdDv) has no V, dS^T or dsum (S::v_rows, S::ds_rows):
+  // less shared memory, so that more of its CTAs fit on a Turing SM (d = 256: 2 instead of 1).
   static constexpr int smem_bytes(int mode) {
-    return mode == detail::kBwdDv
-               ? (BN + 2 * BM) * S::kStride * 2 + BM * 4
-               : ((V_IN_REGS ? 1 : 2) * BN + 2 * BM) * S::kStride * 2 + BN * S::kDsStride * 2 +
-                     2 * BM * 4;
+    return (BN + S::v_rows(mode) + 2 * BM) * S::kStride * 2 + S::ds_rows(mode) * S::kDsStride * 2 +
+           (mode == detail::kBwdDv ? 1 : 2) * BM * 4;
   }
   static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);
   // Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8]
@@ -92,13 +89,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   constexpr bool kDv = MODE != kBwdDkDq, kDk = MODE != kBwdDv;
   constexpr bool kVRegs = C::kVInRegs && kDk;  // V as A fragments in registers, no sV
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // the layout of BwdConfig::smem_bytes(MODE): the dV pass has no sV, sdS, sD
+  // the layout of BwdConfig::smem_bytes(MODE) (the dV pass has no sD either)
   __half* const sK = reinterpret_cast<__half*>(smem_raw);
   __half* const sV = sK + BN * ST;
-  __half* const sQ = sV + (kDk && !kVRegs ? BN : 0) * ST;
+  __half* const sQ = sV + C::v_rows(MODE) * ST;
   __half* const sdO = sQ + BM * ST;
   __half* const sdS = sdO + BM * ST;
-  float* const sL = reinterpret_cast<float*>(sdS + (kDk ? BN : 0) * SD);
+  float* const sL = reinterpret_cast<float*>(sdS + C::ds_rows(MODE) * SD);
   float* const sD = sL + BM;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -117,7 +114,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   copy_rows<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
                                   k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
                           p.k_row_stride, n0, sk, head_dim, tid);
-  if constexpr (kDk && !kVRegs)
+  if constexpr (C::v_rows(MODE) > 0)
     copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
                                     k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
                             p.v_row_stride, n0, sk, head_dim, tid);
