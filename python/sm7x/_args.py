@@ -15,6 +15,17 @@ from __future__ import annotations
 
 import numbers
 import operator
+import os
+
+# what an on/off environment variable (SM7X_CHECK_INDICES, SM7X_VLLM_PLATFORM) reads as off
+_OFF = ("0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """An on/off environment variable: unset or empty gives `default`; 0/false/no/off (any
+    case, spaces around ignored) False; any other value True."""
+    value = os.environ.get(name, "").strip().lower()
+    return default if value == "" else value not in _OFF
 
 
 def number(api: str, name: str, value) -> float:

@@ -32,7 +32,6 @@ This module imports torch; ``import sm7x`` does not import it.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Optional
 
@@ -177,8 +176,7 @@ def _check_indices(op: str, name: str, idx: torch.Tensor, limit: int, what: str,
                    skip_negative: bool) -> None:
     """With SM7X_CHECK_INDICES set, on CUDA, outside CUDA-graph capture: _bad_index as a
     ValueError (the CPU op checks the same itself)."""
-    flag = os.environ.get("SM7X_CHECK_INDICES", "").strip().lower()
-    if (idx.device.type != "cuda" or flag in ("", "0", "false", "no", "off")
+    if (idx.device.type != "cuda" or not _args.env_flag("SM7X_CHECK_INDICES", False)
             or torch.cuda.is_current_stream_capturing()):
         return
     bad = _bad_index(idx, limit, skip_negative)

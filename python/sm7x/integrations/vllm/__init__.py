@@ -18,7 +18,7 @@ calls the functions; they import what they need).
 
 from __future__ import annotations
 
-import os
+from ..._args import env_flag
 
 BACKEND = "sm7x.integrations.vllm.backend.Sm7xFlashAttentionBackend"
 PLATFORM = "sm7x.integrations.vllm.platform.Sm7xCudaPlatform"
@@ -54,7 +54,7 @@ def platform_plugin() -> str | None:
 
     vLLM calls it at every start, on any machine, before CUDA is initialised: it asks
     NVML (as vLLM's CUDA check does) and never raises."""
-    if os.environ.get(PLATFORM_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not env_flag(PLATFORM_ENV, True):
         return None
     try:
         return PLATFORM if any(cap in CAPABILITIES for cap in _nvml_capabilities()) else None
