@@ -195,7 +195,7 @@ BWD_KERNEL = kernels.BWD_KERNEL
 
 def bwd_kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list[str]:
     """Per entry of fa2.bwd_kernels.<arch>: its kernels are in the library (bwd_kernel once,
-    or twice with split; bwd_dq_kernel once), fit the card (registers x threads, shared
+    or with split a dV pass at dv_block_n and a dK/dQ pass; bwd_dq_kernel once), fit the card (registers x threads, shared
     memory), keep nothing in local memory (the main kernels: at most the entry's
     stack_bytes) and run on tensor cores."""
     limits = fa2["card_limits"][arch]
@@ -204,20 +204,29 @@ def bwd_kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> 
     for name in res:
         m = BWD_KERNEL.search(name)
         if m:
-            found.setdefault((m.group(1),) + tuple(int(x) for x in m.group(2, 3, 4)), []).append(name)
+            # (kernel, head_dim, block_n, block_m, mode: 0 one pass, 1 dV, 2 dK/dQ; dQ kernel 0)
+            key = (m.group(1),) + tuple(int(x) for x in m.group(2, 3, 4)) + (int(m.group(8) or 0),)
+            found.setdefault(key, []).append(name)
     problems = []
     for e in fa2.get("bwd_kernels", {}).get(arch, []):
         d = e["head_dim"]
-        # stack_bytes: the spills an entry states for its main kernels (measured with them)
-        for kind, bm, bn, threads, smem_dyn, count, stack in (
-                ("bwd_kernel", e["block_n"], e["block_m"], e["threads"], e["smem_bytes"],
-                 2 if e.get("split") else 1, e.get("stack_bytes", 0)),
-                ("bwd_dq_kernel", e["block_n"], e["block_m"], e["dq_threads"],
-                 e["dq_smem_bytes"], 1, 0)):
-            what = f"{arch} d={d} {kind}"
-            names = found.pop((kind, d, bm, bn), [])
-            if len(names) != count:
-                problems.append(f"{what}: {len(names)} kernels in the library, want {count}")
+        # stack_bytes: the spills an entry states for its main kernels (measured with them);
+        # split: a dV pass (mode 1, dv_block_n keys per CTA: default block_n, 2 threads per
+        # key) and a dK/dQ pass (mode 2)
+        split, stack = e.get("split", False), e.get("stack_bytes", 0)
+        passes = [("bwd_kernel", e["block_n"], e["block_m"], 2 if split else 0, e["threads"],
+                   e["smem_bytes"], stack),
+                  ("bwd_dq_kernel", e["block_n"], e["block_m"], 0, e["dq_threads"],
+                   e["dq_smem_bytes"], 0)]
+        if split:
+            dv_bn = e.get("dv_block_n", e["block_n"])
+            passes.append(("bwd_kernel", dv_bn, e["block_m"], 1, dv_bn * 2, e["dv_smem_bytes"],
+                           stack))
+        for kind, bm, bn, mode, threads, smem_dyn, stack in passes:
+            what = f"{arch} d={d} {kind} {bm}x{bn}" + (f" mode {mode}" if kind == "bwd_kernel" else "")
+            names = found.pop((kind, d, bm, bn, mode), [])
+            if len(names) != 1:
+                problems.append(f"{what}: {len(names)} kernels in the library, want 1")
                 continue
             for name in names:
                 r = res[name]

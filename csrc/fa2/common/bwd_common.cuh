@@ -304,6 +304,15 @@ struct QueryTile {
   }
 };
 
+// The dV pass of a split backward may run more keys per CTA than the dK/dQ pass (its tiles
+// are smaller: no V, no dS^T): its config must be the main one with another block_n.
+template <class C, class CDv>
+constexpr bool same_but_block_n() {
+  return C::kHeadDim == CDv::kHeadDim && C::kBlockM == CDv::kBlockM && C::kSplit == CDv::kSplit &&
+         C::kPrefetch == CDv::kPrefetch && C::kVInRegs == CDv::kVInRegs &&
+         C::kDqBlockM == CDv::kDqBlockM && C::kDqBlockN == CDv::kDqBlockN;
+}
+
 // Grid (key blocks, kv heads, batch) of the main kernel in mode MODE (BwdMode): seqlen_k is
 // max_seqlen_k for varlen.
 template <class C, int MODE, class Kernel>

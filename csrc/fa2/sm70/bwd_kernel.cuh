@@ -455,10 +455,11 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
   }
 }
 
-template <class C>
+template <class C, class CDv = C>
 int run_bwd_main(const BwdParams& p, cudaStream_t stream) {
   if constexpr (C::kSplit) {
-    if (const int e = detail::launch_bwd<C, detail::kBwdDv>(bwd_kernel<C, detail::kBwdDv>, p, stream)) return e;
+    static_assert(detail::same_but_block_n<C, CDv>(), "the dV pass's config differs only in block_n");
+    if (const int e = detail::launch_bwd<CDv, detail::kBwdDv>(bwd_kernel<CDv, detail::kBwdDv>, p, stream)) return e;
     return detail::launch_bwd<C, detail::kBwdDkDq>(bwd_kernel<C, detail::kBwdDkDq>, p, stream);
   } else {
     return detail::launch_bwd<C, detail::kBwdAll>(bwd_kernel<C, detail::kBwdAll>, p, stream);

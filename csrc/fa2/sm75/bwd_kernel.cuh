@@ -528,11 +528,13 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
 }
 
 // The main backward of one head dim: dK/dV (+ dQ atomics), or with C::kSplit dV and
-// then dK (+ dQ) in two passes.
-template <class C>
+// then dK (+ dQ) in two passes, the dV pass with CDv (C with its own block_n: targets.json
+// dv_block_n).
+template <class C, class CDv = C>
 int run_bwd_main(const BwdParams& p, cudaStream_t stream) {
   if constexpr (C::kSplit) {
-    if (const int e = detail::launch_bwd<C, detail::kBwdDv>(bwd_kernel<C, detail::kBwdDv>, p, stream)) return e;
+    static_assert(detail::same_but_block_n<C, CDv>(), "the dV pass's config differs only in block_n");
+    if (const int e = detail::launch_bwd<CDv, detail::kBwdDv>(bwd_kernel<CDv, detail::kBwdDv>, p, stream)) return e;
     return detail::launch_bwd<C, detail::kBwdDkDq>(bwd_kernel<C, detail::kBwdDkDq>, p, stream);
   } else {
     return detail::launch_bwd<C, detail::kBwdAll>(bwd_kernel<C, detail::kBwdAll>, p, stream);
