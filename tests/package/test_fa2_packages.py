@@ -188,60 +188,54 @@ def test_static_tile_analysis_of_the_shipped_sass(env, arch):
 
 
 # The backward kernels (fa2.bwd_kernels.<arch>, csrc/fa2/README.md "Backward"): BwdConfig<D,
-# block_n, block_m, dq_block_m, dq_block_n, split>; bwd_kernel<Config, mode> (mode 0: dK, dV
-# and dQ; split: 1 = dV, 2 = dK and dQ) and bwd_dq_kernel<Config> (deterministic dQ).
-BWD_KERNEL = kernels.BWD_KERNEL
+# block_n, block_m, dq_block_m, dq_block_n, split, ...>; bwd_kernel<Config, mode> (mode 0: dK,
+# dV and dQ; split: 1 = dV, 2 = dK and dQ) and bwd_dq_kernel<Config> (deterministic dQ), read
+# from their names by sm7x_tools.kernels.bwd_key.
 
 
 def bwd_kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list[str]:
     """Per entry of fa2.bwd_kernels.<arch>: its kernels are in the library (bwd_kernel once,
-    or with split a dV pass at dv_block_n and a dK/dQ pass; bwd_dq_kernel once), fit the card (registers x threads, shared
-    memory), keep nothing in local memory (the main kernels: at most the entry's
-    stack_bytes) and run on tensor cores."""
+    or with split a dV pass at dv_block_n and a dK/dQ pass; bwd_dq_kernel once), fit the
+    card (registers x threads, shared memory), keep nothing in local memory (the main
+    kernels: at most the entry's stack_bytes) and run on tensor cores."""
     limits = fa2["card_limits"][arch]
     res, sass = kernels.resources(res_text), kernels.sass_functions(sass_text)
     found: dict[tuple, list[str]] = {}
     for name in res:
-        m = BWD_KERNEL.search(name)
-        if m:
-            # (kernel, head_dim, block_n, block_m, mode: 0 one pass, 1 dV, 2 dK/dQ; dQ kernel 0)
-            key = (m.group(1),) + tuple(int(x) for x in m.group(2, 3, 4)) + (int(m.group(8) or 0),)
-            found.setdefault(key, []).append(name)
+        key = kernels.bwd_key(name)  # (kind: "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"; d, tile)
+        if key is not None:
+            found.setdefault(key[:4], []).append(name)
     problems = []
     for e in fa2.get("bwd_kernels", {}).get(arch, []):
         d = e["head_dim"]
-        # stack_bytes: the spills an entry states for its main kernels (measured with them);
-        # split: a dV pass (mode 1, dv_block_n keys per CTA: default block_n, 2 threads per
-        # key) and a dK/dQ pass (mode 2)
-        split, stack = e.get("split", False), e.get("stack_bytes", 0)
-        passes = [("bwd_kernel", e["block_n"], e["block_m"], 2 if split else 0, e["threads"],
+        # stack_bytes: the spills an entry states for its main kernels (measured with them)
+        stack = e.get("stack_bytes", 0)
+        passes = [("bwd dKdQ" if e.get("split") else "bwd", e["block_n"], e["block_m"],
                    e["smem_bytes"], stack),
-                  ("bwd_dq_kernel", e["block_n"], e["block_m"], 0, e["dq_threads"],
-                   e["dq_smem_bytes"], 0)]
-        if split:
-            dv_bn = e.get("dv_block_n", e["block_n"])
-            passes.append(("bwd_kernel", dv_bn, e["block_m"], 1, dv_bn * 2, e["dv_smem_bytes"],
-                           stack))
-        for kind, bm, bn, mode, threads, smem_dyn, stack in passes:
-            what = f"{arch} d={d} {kind} {bm}x{bn}" + (f" mode {mode}" if kind == "bwd_kernel" else "")
-            names = found.pop((kind, d, bm, bn, mode), [])
+                  ("bwd dQ", e["dq_block_m"], e["dq_block_n"], e["dq_smem_bytes"], 0)]
+        if e.get("split"):
+            passes.append(("bwd dV", e.get("dv_block_n", e["block_n"]), e["block_m"],
+                           e["dv_smem_bytes"], stack))
+        for kind, rows, cols, smem_dyn, stack in passes:
+            what = f"{arch} d={d} {kind} {rows}x{cols}"
+            names = found.pop((kind, d, rows, cols), [])
             if len(names) != 1:
                 problems.append(f"{what}: {len(names)} kernels in the library, want 1")
                 continue
-            for name in names:
-                r = res[name]
-                regs = -(-r["reg"] // REG_GRANULE) * REG_GRANULE * threads
-                if regs > limits["regs_per_block"]:
-                    problems.append(f"{what}: {r['reg']} registers x {threads} threads > "
-                                    f"{limits['regs_per_block']} per block")
-                if r["shared"] + smem_dyn > limits["smem_per_block"]:
-                    problems.append(f"{what}: {r['shared'] + smem_dyn} bytes of shared memory")
-                if r["local"] or r["stack"] > stack:
-                    problems.append(f"{what}: local memory (spills) {r}, targets.json allows "
-                                    f"a stack of {stack} bytes")
-                ops = [op for _, op, _ in sass.get(name, [])]
-                if not any(op.startswith(ARCHS[arch][0]) for op in ops):
-                    problems.append(f"{what}: no {ARCHS[arch][0]} in its SASS")
+            name = names[0]
+            r, threads = res[name], kernels.bwd_key(name)[4]
+            regs = -(-r["reg"] // REG_GRANULE) * REG_GRANULE * threads
+            if regs > limits["regs_per_block"]:
+                problems.append(f"{what}: {r['reg']} registers x {threads} threads > "
+                                f"{limits['regs_per_block']} per block")
+            if r["shared"] + smem_dyn > limits["smem_per_block"]:
+                problems.append(f"{what}: {r['shared'] + smem_dyn} bytes of shared memory")
+            if r["local"] or r["stack"] > stack:
+                problems.append(f"{what}: local memory (spills) {r}, targets.json allows "
+                                f"a stack of {stack} bytes")
+            ops = [op for _, op, _ in sass.get(name, [])]
+            if not any(op.startswith(ARCHS[arch][0]) for op in ops):
+                problems.append(f"{what}: no {ARCHS[arch][0]} in its SASS")
     problems += [f"{arch} {key}: backward kernel not in targets.json" for key in found]
     return problems
 

@@ -310,7 +310,8 @@ template <class C, class CDv>
 constexpr bool same_but_block_n() {
   return C::kHeadDim == CDv::kHeadDim && C::kBlockM == CDv::kBlockM && C::kSplit == CDv::kSplit &&
          C::kPrefetch == CDv::kPrefetch && C::kVInRegs == CDv::kVInRegs &&
-         C::kDqBlockM == CDv::kDqBlockM && C::kDqBlockN == CDv::kDqBlockN;
+         C::kMinBlocks == CDv::kMinBlocks && C::kDqBlockM == CDv::kDqBlockM &&
+         C::kDqBlockN == CDv::kDqBlockN;
 }
 
 // Grid (key blocks, kv heads, batch) of the main kernel in mode MODE (BwdMode): seqlen_k is
