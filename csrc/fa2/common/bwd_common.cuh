@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "common/launch.cuh"
+#include "common/ptx.cuh"
 #include "fa2.h"
 
 namespace sm7x {
@@ -214,6 +215,39 @@ struct RowsInRegs {
   }
 };
 
+// The two per-tile conditions of the elementwise P / dS step, softcap (a run-time
+// parameter) and the mask (SM7X_FA2_TILE_NEEDS_MASK): with_score_flags(cap, masked, f) calls
+// f(ScoreFlags<CAP, MASK>{}) for the case at hand, so each case's loop is straight-line
+// code. Tested per element inside one loop, the mask test compiled to one branch per
+// element (each cutting the loop into blocks ptxas cannot schedule across) and softcap to
+// predicated instructions issued even when it is off.
+template <bool CAP, bool MASK>
+struct ScoreFlags {
+  __device__ __forceinline__ constexpr bool cap() const { return CAP; }
+  __device__ __forceinline__ constexpr bool mask() const { return MASK; }
+};
+template <class F>
+__device__ __forceinline__ void with_score_flags(bool cap, bool masked, F&& f) {
+  if (cap) {
+    if (masked) f(ScoreFlags<true, true>{}); else f(ScoreFlags<true, false>{});
+  } else {
+    if (masked) f(ScoreFlags<false, true>{}); else f(ScoreFlags<false, false>{});
+  }
+}
+// The score the softmax sees (softcap * tanh(s * cap_in) with softcap) and, in deriv, the
+// factor dS takes from it (1 - tanh^2; 1 without softcap).
+template <class Flags>
+__device__ __forceinline__ float capped_score(const Flags& flags, float s, float softcap,
+                                              float cap_in, float& deriv) {
+  deriv = 1.f;
+  if (flags.cap()) {
+    const float th = fast_tanh(s * cap_in);
+    deriv = 1.f - th * th;
+    s = softcap * th;
+  }
+  return s;
+}
+
 // LSE in base 2 for exp2: rows past the sequence and rows that saw no key (the forward
 // writes +inf; -inf or NaN treated alike) get +inf, so that their P, and with it every
 // gradient they add, is exactly 0.
@@ -247,12 +281,13 @@ struct QueryTile {
   Held held;
   int h, m0;  // the tile in flight (prefetch) or to copy
 
-  // Step `step` > 0 of the flat (query head of the group, query tile) loop: head h0 + step /
-  // ntiles, tile t_lo + step % ntiles (step 0: load(h0, t_lo * BM)).
-  __device__ __forceinline__ void load_step(const BwdParams& p, const BwdRows& rows, int step,
-                                            int h0, int t_lo, int ntiles, int tid) {
-    const int gi = step / ntiles;
-    load(p, rows, h0 + gi, (t_lo + step - gi * ntiles) * BM, tid);
+  // The step after the current one in the flat (query head of the group, query tile) loop:
+  // the next tile of this head, or tile t_lo of the next head (no division by the tile
+  // count: it cost ~30 instructions per step).
+  __device__ __forceinline__ void load_next(const BwdParams& p, const BwdRows& rows, int t_lo,
+                                            int t_hi, int tid) {
+    const bool next_head = m0 + BM >= t_hi * BM;
+    load(p, rows, next_head ? h + 1 : h, next_head ? t_lo * BM : m0 + BM, tid);
   }
 
   __device__ __forceinline__ void load(const BwdParams& p, const BwdRows& rows, int h_, int m0_,

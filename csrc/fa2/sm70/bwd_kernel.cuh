@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
     tile.store(p, rows, sQ, sdO, sL, sD, tid);
     __syncthreads();
     // the next tile: in flight while this one computes (kPrefetch)
-    if (it + 1 < nsteps) tile.load_step(p, rows, it + 1, hk * group, t_lo, ntiles, tid);
+    if (it + 1 < nsteps) tile.load_next(p, rows, t_lo, t_hi, tid);
 
     // ---- S^T = K Q^T, dP^T = V dO^T -> scratch
     {
@@ -204,21 +204,19 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
     {
       const int last_row = min(m0 + BM, sq) - 1;
       const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
+      with_score_flags(p.softcap > 0.f, masked, [&](auto flags) {
 #pragma unroll 4
-      for (int j = 0; j < BM / 2; ++j) {
-        const int c = ec0 + j;
-        float s = sS[er * SS + c], deriv = 1.f;
-        if (p.softcap > 0.f) {
-          const float th = fast_tanh(s * sc.cap_in);
-          s = p.softcap * th;
-          deriv = 1.f - th * th;
+        for (int j = 0; j < BM / 2; ++j) {
+          const int c = ec0 + j;
+          float deriv;
+          float s = capped_score(flags, sS[er * SS + c], p.softcap, sc.cap_in, deriv);
+          if (flags.mask() && !key_visible(key, m0 + c, sk, off, left, right)) s = -INFINITY;
+          const float pr = fast_exp2(fmaf(s, sc.sl2, -sL[c]));
+          sP[er * SD + c] = __float2half_rn(pr);
+          if constexpr (kDk)
+            sdS[(warp * 16 + er) * SD + c] = __float2half_rn(pr * (sdP[er * SS + c] - sD[c]) * deriv);
         }
-        if (masked && !key_visible(key, m0 + c, sk, off, left, right)) s = -INFINITY;
-        const float pr = fast_exp2(fmaf(s, sc.sl2, -sL[c]));
-        sP[er * SD + c] = __float2half_rn(pr);
-        if constexpr (kDk)
-          sdS[(warp * 16 + er) * SD + c] = __float2half_rn(pr * (sdP[er * SS + c] - sD[c]) * deriv);
-      }
+      });
     }
     __syncwarp();
 
@@ -414,19 +412,17 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
     __syncwarp();
     {
       const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
+      with_score_flags(p.softcap > 0.f, masked, [&](auto flags) {
 #pragma unroll 4
-      for (int j = 0; j < BN / 2; ++j) {
-        const int c = ec0 + j;
-        float s = sS[er * SS + c], deriv = 1.f;
-        if (p.softcap > 0.f) {
-          const float th = fast_tanh(s * sc.cap_in);
-          s = p.softcap * th;
-          deriv = 1.f - th * th;
+        for (int j = 0; j < BN / 2; ++j) {
+          const int c = ec0 + j;
+          float deriv;
+          float s = capped_score(flags, sS[er * SS + c], p.softcap, sc.cap_in, deriv);
+          if (flags.mask() && !key_visible(n0 + c, row, sk, off, left, right)) s = -INFINITY;
+          const float pr = fast_exp2(fmaf(s, sc.sl2, -l2));
+          sdS[er * SS + c] = __float2half_rn(pr * (sdP[er * SS + c] - dsum) * deriv);
         }
-        if (masked && !key_visible(n0 + c, row, sk, off, left, right)) s = -INFINITY;
-        const float pr = fast_exp2(fmaf(s, sc.sl2, -l2));
-        sdS[er * SS + c] = __float2half_rn(pr * (sdP[er * SS + c] - dsum) * deriv);
-      }
+      });
     }
     __syncwarp();
 #pragma unroll

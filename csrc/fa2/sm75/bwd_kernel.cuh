@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
       tile.store(p, rows, sQ, sdO, sL, sD, tid);
       __syncthreads();
       // the next tile: in flight while this one computes (kPrefetch)
-      if (it + 1 < nsteps) tile.load_step(p, rows, it + 1, hk * group, t_lo, ntiles, tid);
+      if (it + 1 < nsteps) tile.load_next(p, rows, t_lo, t_hi, tid);
       // fragment bases (bytes)
       const uint32_t aK = smem_addr(sK + a_frag), aV = smem_addr(sV + a_frag);
       const uint32_t bQ = smem_addr(sQ + b_frag), bdO = smem_addr(sdO + b_frag);
@@ -218,23 +218,21 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
       // n8 tile i: key key0 + (e >> 1) * 8, query m0 + 8i + 2 tig + (e & 1)
       const int last_row = min(m0 + BM, sq) - 1;
       const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
+      with_score_flags(p.softcap > 0.f, masked, [&](auto flags) {
 #pragma unroll
-      for (int i = 0; i < NQ; ++i)
+        for (int i = 0; i < NQ; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qi = i * 8 + tig * 2 + (e & 1);
-          float s = st[i][e], deriv = 1.f;
-          if (p.softcap > 0.f) {
-            const float th = fast_tanh(s * sc.cap_in);
-            s = p.softcap * th;
-            deriv = 1.f - th * th;
+          for (int e = 0; e < 4; ++e) {
+            const int qi = i * 8 + tig * 2 + (e & 1);
+            float deriv;
+            float s = capped_score(flags, st[i][e], p.softcap, sc.cap_in, deriv);
+            if (flags.mask() && !key_visible(key0 + (e >> 1) * 8, m0 + qi, sk, off, left, right))
+              s = -INFINITY;
+            const float pr = fast_exp2(fmaf(s, sc.sl2, -sL[qi]));
+            st[i][e] = pr;
+            if constexpr (kDk) dpt[i][e] = pr * (dpt[i][e] - sD[qi]) * deriv;
           }
-          if (masked && !key_visible(key0 + (e >> 1) * 8, m0 + qi, sk, off, left, right))
-            s = -INFINITY;
-          const float pr = fast_exp2(fmaf(s, sc.sl2, -sL[qi]));
-          st[i][e] = pr;
-          if constexpr (kDk) dpt[i][e] = pr * (dpt[i][e] - sD[qi]) * deriv;
-        }
+      });
 
       // ---- dV += P^T dO, dK += dS^T Q (k = queries, 16 at a time)
 #pragma unroll
@@ -473,22 +471,20 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
       }
     }
     const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
+    with_score_flags(p.softcap > 0.f, masked, [&](auto flags) {
 #pragma unroll
-    for (int i = 0; i < NT; ++i)
+      for (int i = 0; i < NT; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hr = e >> 1;
-        float x = s[i][e], deriv = 1.f;
-        if (p.softcap > 0.f) {
-          const float th = fast_tanh(x * sc.cap_in);
-          x = p.softcap * th;
-          deriv = 1.f - th * th;
+        for (int e = 0; e < 4; ++e) {
+          const int hr = e >> 1;
+          float deriv;
+          float x = capped_score(flags, s[i][e], p.softcap, sc.cap_in, deriv);
+          if (flags.mask() && !key_visible(n0 + i * 8 + tig * 2 + (e & 1), r0 + hr * 8, sk, off, left, right))
+            x = -INFINITY;
+          const float pr = fast_exp2(fmaf(x, sc.sl2, -l2[hr]));
+          dp[i][e] = pr * (dp[i][e] - ds[hr]) * deriv;
         }
-        if (masked && !key_visible(n0 + i * 8 + tig * 2 + (e & 1), r0 + hr * 8, sk, off, left, right))
-          x = -INFINITY;
-        const float pr = fast_exp2(fmaf(x, sc.sl2, -l2[hr]));
-        dp[i][e] = pr * (dp[i][e] - ds[hr]) * deriv;
-      }
+    });
     // ---- dQ += dS K: dS packed to fp16 is the A fragment (as P in the forward)
 #pragma unroll
     for (int kt = 0; kt < BN / 16; ++kt) {
