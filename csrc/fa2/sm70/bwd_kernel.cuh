@@ -267,12 +267,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
           __syncwarp();
           const int r = lane >> 1, c0 = (lane & 1) * 8;
           const int row = m0 + ms * 16 + r;
-          if (row < sq) {
+          // 8 columns of one row: unconditional atomics at constant offsets where they are
+          // all inside dq (tested one by one, each became a branch rebuilding its address)
+          float* const acc_row = acc + (int64_t)row * p.acc_row_stride + dn * 16 + c0;
+          if (row < sq && dn * 16 + c0 + 8 <= head_dim) {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const int col = dn * 16 + c0 + j;
-              if (col < head_dim) atomicAdd(acc + (int64_t)row * p.acc_row_stride + col, sS[r * SS + c0 + j]);
-            }
+            for (int j = 0; j < 8; ++j) atomicAdd(acc_row + j, sS[r * SS + c0 + j]);
+          } else if (row < sq) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              if (dn * 16 + c0 + j < head_dim) atomicAdd(acc_row + j, sS[r * SS + c0 + j]);
           }
           __syncwarp();
         }

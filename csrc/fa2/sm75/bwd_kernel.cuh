@@ -319,19 +319,32 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
                   mma_m16n8k8(a[C::kDqChunk - 1], as[2], as[3], bk[1]);
                 }
               }
+              // this thread's dQ elements: rows row, row + 8, columns col0 + 8j, + 1. A chunk
+              // wholly inside dq takes its atomics unconditionally at constant offsets from two
+              // row pointers; tested one by one, each became a branch that rebuilt its address.
+              const int col0 = (tile0 + c0) * 8 + tig * 2;
+              float* const r0 = acc + (int64_t)row * p.acc_row_stride + col0;
+              float* const r8 = r0 + 8 * p.acc_row_stride;
+              if (row + 8 < sq && (tile0 + c0 + C::kDqChunk) * 8 <= head_dim) {
 #pragma unroll
-              for (int j = 0; j < C::kDqChunk; ++j) {
-                const int col = (tile0 + c0 + j) * 8 + tig * 2;
-                if (col < head_dim) {
-                  if (row < sq) {
-                    float* const r = acc + (int64_t)row * p.acc_row_stride + col;
-                    atomicAdd(r, a[j][0]);
-                    atomicAdd(r + 1, a[j][1]);
-                  }
-                  if (row + 8 < sq) {
-                    float* const r = acc + (int64_t)(row + 8) * p.acc_row_stride + col;
-                    atomicAdd(r, a[j][2]);
-                    atomicAdd(r + 1, a[j][3]);
+                for (int j = 0; j < C::kDqChunk; ++j) {
+                  atomicAdd(r0 + j * 8, a[j][0]);
+                  atomicAdd(r0 + j * 8 + 1, a[j][1]);
+                  atomicAdd(r8 + j * 8, a[j][2]);
+                  atomicAdd(r8 + j * 8 + 1, a[j][3]);
+                }
+              } else {
+#pragma unroll
+                for (int j = 0; j < C::kDqChunk; ++j) {
+                  if (col0 + j * 8 < head_dim) {
+                    if (row < sq) {
+                      atomicAdd(r0 + j * 8, a[j][0]);
+                      atomicAdd(r0 + j * 8 + 1, a[j][1]);
+                    }
+                    if (row + 8 < sq) {
+                      atomicAdd(r8 + j * 8, a[j][2]);
+                      atomicAdd(r8 + j * 8 + 1, a[j][3]);
+                    }
                   }
                 }
               }
