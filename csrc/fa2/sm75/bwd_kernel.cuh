@@ -218,15 +218,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
       // n8 tile i: key key0 + (e >> 1) * 8, query m0 + 8i + 2 tig + (e & 1)
       const int last_row = min(m0 + BM, sq) - 1;
       const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
-      // LSE and dsum of this thread's query columns, read once ahead of the four cases
-      float lse2[NQ][2], dsum[kDk ? NQ : 1][2];
-#pragma unroll
-      for (int i = 0; i < NQ; ++i)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          lse2[i][c] = sL[i * 8 + tig * 2 + c];
-          if constexpr (kDk) dsum[i][c] = sD[i * 8 + tig * 2 + c];
-        }
       with_score_flags(p.softcap > 0.f, masked, [&](auto flags) {
 #pragma unroll
         for (int i = 0; i < NQ; ++i)
@@ -237,9 +228,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
             float s = capped_score(flags, st[i][e], p.softcap, sc.cap_in, deriv);
             if (flags.mask() && !key_visible(key0 + (e >> 1) * 8, m0 + qi, sk, off, left, right))
               s = -INFINITY;
-            const float pr = fast_exp2(fmaf(s, sc.sl2, -lse2[i][e & 1]));
+            const float pr = fast_exp2(fmaf(s, sc.sl2, -sL[qi]));
             st[i][e] = pr;
-            if constexpr (kDk) dpt[i][e] = pr * (dpt[i][e] - dsum[i][e & 1]) * deriv;
+            if constexpr (kDk) dpt[i][e] = pr * (dpt[i][e] - sD[qi]) * deriv;
           }
       });
 
