@@ -19,6 +19,7 @@
 
 #include "common/launch.cuh"
 #include "common/ptx.cuh"
+#include "common/softmax.cuh"
 #include "fa2.h"
 
 namespace sm7x {
@@ -234,18 +235,22 @@ __device__ __forceinline__ void with_score_flags(bool cap, bool masked, F&& f) {
     if (masked) f(ScoreFlags<false, true>{}); else f(ScoreFlags<false, false>{});
   }
 }
-// The score the softmax sees (softcap * tanh(s * cap_in) with softcap) and, in deriv, the
-// factor dS takes from it (1 - tanh^2; 1 without softcap).
-template <class Flags>
-__device__ __forceinline__ float capped_score(const Flags& flags, float s, float softcap,
-                                              float cap_in, float& deriv) {
+// P of one score in the elementwise P / dS step of every backward kernel: the score the
+// softmax saw (softcap * tanh(s * cap_in) with softcap), -inf where the mask hides the key
+// (visible() is only called in a masked case), exp2 against the row's LSE in base 2. deriv:
+// the factor dS takes from the softcap (1 - tanh^2; 1 without softcap).
+template <class Flags, class Visible>
+__device__ __forceinline__ float score_prob(const Flags& flags, float s, const SoftmaxScale& sc,
+                                            float softcap, float lse2, Visible&& visible,
+                                            float& deriv) {
   deriv = 1.f;
   if (flags.cap()) {
-    const float th = fast_tanh(s * cap_in);
+    const float th = fast_tanh(s * sc.cap_in);
     deriv = 1.f - th * th;
     s = softcap * th;
   }
-  return s;
+  if (flags.mask() && !visible()) s = -INFINITY;
+  return fast_exp2(fmaf(s, sc.sl2, -lse2));
 }
 
 // LSE in base 2 for exp2: rows past the sequence and rows that saw no key (the forward

@@ -209,9 +209,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
         for (int j = 0; j < BM / 2; ++j) {
           const int c = ec0 + j;
           float deriv;
-          float s = capped_score(flags, sS[er * SS + c], p.softcap, sc.cap_in, deriv);
-          if (flags.mask() && !key_visible(key, m0 + c, sk, off, left, right)) s = -INFINITY;
-          const float pr = fast_exp2(fmaf(s, sc.sl2, -sL[c]));
+          const float pr = score_prob(flags, sS[er * SS + c], sc, p.softcap, sL[c], [&] {
+            return key_visible(key, m0 + c, sk, off, left, right);
+          }, deriv);
           sP[er * SD + c] = __float2half_rn(pr);
           if constexpr (kDk)
             sdS[(warp * 16 + er) * SD + c] = __float2half_rn(pr * (sdP[er * SS + c] - sD[c]) * deriv);
@@ -421,9 +421,9 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
         for (int j = 0; j < BN / 2; ++j) {
           const int c = ec0 + j;
           float deriv;
-          float s = capped_score(flags, sS[er * SS + c], p.softcap, sc.cap_in, deriv);
-          if (flags.mask() && !key_visible(n0 + c, row, sk, off, left, right)) s = -INFINITY;
-          const float pr = fast_exp2(fmaf(s, sc.sl2, -l2));
+          const float pr = score_prob(flags, sS[er * SS + c], sc, p.softcap, l2, [&] {
+            return key_visible(n0 + c, row, sk, off, left, right);
+          }, deriv);
           sdS[er * SS + c] = __float2half_rn(pr * (sdP[er * SS + c] - dsum) * deriv);
         }
       });

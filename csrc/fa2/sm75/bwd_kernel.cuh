@@ -225,10 +225,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
           for (int e = 0; e < 4; ++e) {
             const int qi = i * 8 + tig * 2 + (e & 1);
             float deriv;
-            float s = capped_score(flags, st[i][e], p.softcap, sc.cap_in, deriv);
-            if (flags.mask() && !key_visible(key0 + (e >> 1) * 8, m0 + qi, sk, off, left, right))
-              s = -INFINITY;
-            const float pr = fast_exp2(fmaf(s, sc.sl2, -sL[qi]));
+            const float pr = score_prob(flags, st[i][e], sc, p.softcap, sL[qi], [&] {
+              return key_visible(key0 + (e >> 1) * 8, m0 + qi, sk, off, left, right);
+            }, deriv);
             st[i][e] = pr;
             if constexpr (kDk) dpt[i][e] = pr * (dpt[i][e] - sD[qi]) * deriv;
           }
@@ -491,10 +490,9 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
         for (int e = 0; e < 4; ++e) {
           const int hr = e >> 1;
           float deriv;
-          float x = capped_score(flags, s[i][e], p.softcap, sc.cap_in, deriv);
-          if (flags.mask() && !key_visible(n0 + i * 8 + tig * 2 + (e & 1), r0 + hr * 8, sk, off, left, right))
-            x = -INFINITY;
-          const float pr = fast_exp2(fmaf(x, sc.sl2, -l2[hr]));
+          const float pr = score_prob(flags, s[i][e], sc, p.softcap, l2[hr], [&] {
+            return key_visible(n0 + i * 8 + tig * 2 + (e & 1), r0 + hr * 8, sk, off, left, right);
+          }, deriv);
           dp[i][e] = pr * (dp[i][e] - ds[hr]) * deriv;
         }
     });
