@@ -115,13 +115,30 @@ def expected_kernels(arch: str, fa2: dict) -> dict[tuple, dict]:
     return want
 
 
+def block_fit_problems(what: str, r: dict, threads: int, smem_dyn: int, limits: dict) -> list[str]:
+    """One kernel's block against the card (forward and backward alike): registers, rounded
+    to their allocation granule, x threads <= the card's registers per block; static plus
+    dynamic shared memory <= its opt-in limit per block; nothing in local memory (spills,
+    stack)."""
+    problems = []
+    regs = -(-r["reg"] // REG_GRANULE) * REG_GRANULE * threads
+    if regs > limits["regs_per_block"]:
+        problems.append(f"{what}: {r['reg']} registers x {threads} threads "
+                        f"= {regs} > {limits['regs_per_block']} per block: cannot launch")
+    smem = r["shared"] + smem_dyn
+    if smem > limits["smem_per_block"]:
+        problems.append(f"{what}: {smem} bytes of shared memory > "
+                        f"{limits['smem_per_block']} per block")
+    if r["local"] or r["stack"]:
+        problems.append(f"{what}: local memory (spills or stack) {r}")
+    return problems
+
+
 def kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list[str]:
     """What ptxas does not check, per kernel of the tables (expected_kernels): it is in
-    the library (one kernel per entry, no other); its block fits on an SM at all
-    (registers, rounded to their allocation granule, x threads <= the card's registers per
-    block; the static plus the table's dynamic shared memory <= the card's opt-in limit per
-    block); it keeps nothing in local memory (spills, stack); it runs on tensor cores and
-    128-bit loads (ARCHS)."""
+    the library (one kernel per entry, no other); its block fits on an SM at all with the
+    table's dynamic shared memory (block_fit_problems); it runs on tensor cores and 128-bit
+    loads (ARCHS)."""
     limits = fa2["card_limits"][arch]
     res, sass = kernels.resources(res_text), kernels.sass_functions(sass_text)
     found = {}
@@ -138,16 +155,7 @@ def kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list
             continue
         name, r = names[0], res[names[0]]
         threads = kernels.kernel_threads(name)  # the wide serving kernels: 16 rows per warp
-        regs = -(-r["reg"] // REG_GRANULE) * REG_GRANULE * threads
-        if regs > limits["regs_per_block"]:
-            problems.append(f"{what}: {r['reg']} registers x {threads} threads "
-                            f"= {regs} > {limits['regs_per_block']} per block: cannot launch")
-        smem = r["shared"] + e["smem_bytes"]
-        if smem > limits["smem_per_block"]:
-            problems.append(f"{what}: {smem} bytes of shared memory > "
-                            f"{limits['smem_per_block']} per block")
-        if r["local"] or r["stack"]:
-            problems.append(f"{what}: local memory (spills) {r}")
+        problems += block_fit_problems(what, r, threads, e["smem_bytes"], limits)
         ops = [op for _, op, _ in sass.get(name, [])]
         for instruction in ARCHS[arch]:
             if not any(op.startswith(instruction) for op in ops):
@@ -221,15 +229,8 @@ def bwd_kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> 
                 problems.append(f"{what}: {len(names)} kernels in the library, want 1")
                 continue
             name = names[0]
-            r, threads = res[name], kernels.bwd_key(name)[4]
-            regs = -(-r["reg"] // REG_GRANULE) * REG_GRANULE * threads
-            if regs > limits["regs_per_block"]:
-                problems.append(f"{what}: {r['reg']} registers x {threads} threads > "
-                                f"{limits['regs_per_block']} per block")
-            if r["shared"] + smem_dyn > limits["smem_per_block"]:
-                problems.append(f"{what}: {r['shared'] + smem_dyn} bytes of shared memory")
-            if r["local"] or r["stack"]:
-                problems.append(f"{what}: local memory (spills or stack) {r}")
+            problems += block_fit_problems(what, res[name], kernels.bwd_key(name)[4], smem_dyn,
+                                           limits)
             ops = [op for _, op, _ in sass.get(name, [])]
             if not any(op.startswith(ARCHS[arch][0]) for op in ops):
                 problems.append(f"{what}: no {ARCHS[arch][0]} in its SASS")
