@@ -1,7 +1,10 @@
 // The two small kernels around the FA2 backward (compiled once per library, any arch):
-// dsum = rowsum(dO * O) before the main kernels (the "D" of dS = P * (dP - D)), and the
-// fp16 dQ from the fp32 dq_accum the main kernel's atomics summed (not deterministic).
-// One warp per (query row, head): lane c handles 16-byte chunk c of the row.
+// dsum = rowsum(dO * O) before the main kernels (the "D" of dS = P * (dP - D)), which also
+// zeroes dq_accum for the main kernels' atomics, and the fp16 dQ from the fp32 dq_accum they
+// summed (not deterministic). Both are memory-bound: each thread moves one 16-byte chunk of
+// a (row, head), and a row takes as many lanes as it has chunks, rounded up to a power of two
+// (d32: 4, d64: 8, d80-d128: 16, d256: 32), so that at d64 every lane of a warp loads
+// (one warp per row left 24 of 32 idle) and the rowsum is a butterfly over aligned lanes.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -13,35 +16,48 @@ namespace sm7x {
 namespace fa2 {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = 256;
 
-// Row t of q's rows (batched: t = b * seqlen_q + i) -> batch and row inside it.
-__device__ __forceinline__ void split_row(const BwdParams& p, int64_t t, int64_t& b, int64_t& i) {
-  if (p.cu_seqlens_q != nullptr) {
-    b = 0;
-    i = t;
-  } else {
-    b = t / p.seqlen_q;
-    i = t - b * p.seqlen_q;
-  }
+int lanes_per_row(int head_dim) {
+  const int chunks = (head_dim + 7) / 8;  // <= 32: head_dim <= 256
+  int lanes = 1;
+  while (lanes < chunks) lanes <<= 1;
+  return lanes;
 }
 
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) preprocess_kernel(const BwdParams p) {
-  const int64_t w = (int64_t)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (w >= (int64_t)p.total_q * p.heads) return;
-  const int64_t t = w / p.heads;
-  const int h = static_cast<int>(w - t * p.heads);
+// This thread's chunk: row t of q's rows (batched t = b * seqlen_q + i; varlen b = 0, i = t),
+// head blockIdx.y, columns c * 8 .. c * 8 + 7. Grid: (rows / rows per block, heads).
+struct Chunk {
   int64_t b, i;
-  split_row(p, t, b, i);
+  int h, c;
+  bool row, cols;  // t is a row; the chunk is inside head_dim
+};
+__device__ __forceinline__ Chunk chunk_of(const BwdParams& p, int lanes) {
+  Chunk k;
+  const int64_t t = (int64_t)blockIdx.x * (kThreads / lanes) + threadIdx.x / lanes;
+  k.h = blockIdx.y;
+  k.c = threadIdx.x & (lanes - 1);
+  k.row = t < p.total_q;
+  k.cols = k.row && k.c * 8 < p.head_dim;
+  k.b = 0;
+  k.i = t;
+  if (k.row && p.cu_seqlens_q == nullptr) {  // t < total_q: 32-bit division
+    k.b = static_cast<int>(t) / p.seqlen_q;
+    k.i = t - k.b * p.seqlen_q;
+  }
+  return k;
+}
+
+__global__ void __launch_bounds__(kThreads) preprocess_kernel(const BwdParams p, int lanes) {
+  const Chunk k = chunk_of(p, lanes);
   float acc = 0.f;
-  if (lane * 8 < p.head_dim) {
-    const __half* o = static_cast<const __half*>(p.o) + b * p.o_batch_stride +
-                      i * p.o_row_stride + h * p.o_head_stride + lane * 8;
-    const __half* d = static_cast<const __half*>(p.dout) + b * p.do_batch_stride +
-                      i * p.do_row_stride + h * p.do_head_stride + lane * 8;
-    const uint4 ov = __ldg(reinterpret_cast<const uint4*>(o));
-    const uint4 dv = __ldg(reinterpret_cast<const uint4*>(d));
+  if (k.cols) {
+    const uint4 ov = __ldg(reinterpret_cast<const uint4*>(
+        static_cast<const __half*>(p.o) + k.b * p.o_batch_stride + k.i * p.o_row_stride +
+        k.h * p.o_head_stride + k.c * 8));
+    const uint4 dv = __ldg(reinterpret_cast<const uint4*>(
+        static_cast<const __half*>(p.dout) + k.b * p.do_batch_stride + k.i * p.do_row_stride +
+        k.h * p.do_head_stride + k.c * 8));
     const __half2* oh = reinterpret_cast<const __half2*>(&ov);
     const __half2* dh = reinterpret_cast<const __half2*>(&dv);
 #pragma unroll
@@ -49,22 +65,23 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) preprocess_kernel(const B
       const float2 a = __half22float2(oh[j]), c = __half22float2(dh[j]);
       acc = fmaf(a.x, c.x, fmaf(a.y, c.y, acc));
     }
+    if (!p.deterministic) {  // the deterministic dQ kernel leaves dq_accum untouched
+      float4* a = reinterpret_cast<float4*>(p.dq_accum + k.b * p.acc_batch_stride +
+                                            k.i * p.acc_row_stride +
+                                            (int64_t)k.h * p.head_dim + k.c * 8);
+      a[0] = a[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  if (lane == 0) p.dsum[b * p.dsum_batch_stride + h * p.dsum_head_stride + i] = acc;
+  // every lane takes part (lanes of rows past the end add zeros)
+  for (int m = lanes >> 1; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  if (k.row && k.c == 0) p.dsum[k.b * p.dsum_batch_stride + k.h * p.dsum_head_stride + k.i] = acc;
 }
 
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) convert_dq_kernel(const BwdParams p) {
-  const int64_t w = (int64_t)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (w >= (int64_t)p.total_q * p.heads || lane * 8 >= p.head_dim) return;
-  const int64_t t = w / p.heads;
-  const int h = static_cast<int>(w - t * p.heads);
-  int64_t b, i;
-  split_row(p, t, b, i);
-  const float* a = p.dq_accum + b * p.acc_batch_stride + i * p.acc_row_stride +
-                   (int64_t)h * p.head_dim + lane * 8;
+__global__ void __launch_bounds__(kThreads) convert_dq_kernel(const BwdParams p, int lanes) {
+  const Chunk k = chunk_of(p, lanes);
+  if (!k.cols) return;
+  const float* a = p.dq_accum + k.b * p.acc_batch_stride + k.i * p.acc_row_stride +
+                   (int64_t)k.h * p.head_dim + k.c * 8;
   const float4 x = *reinterpret_cast<const float4*>(a);
   const float4 y = *reinterpret_cast<const float4*>(a + 4);
   const float s = p.scale;
@@ -74,27 +91,27 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) convert_dq_kernel(const B
   oh[1] = __floats2half2_rn(x.z * s, x.w * s);
   oh[2] = __floats2half2_rn(y.x * s, y.y * s);
   oh[3] = __floats2half2_rn(y.z * s, y.w * s);
-  *reinterpret_cast<uint4*>(static_cast<__half*>(p.dq) + b * p.dq_batch_stride +
-                            i * p.dq_row_stride + h * p.dq_head_stride + lane * 8) = out;
+  *reinterpret_cast<uint4*>(static_cast<__half*>(p.dq) + k.b * p.dq_batch_stride +
+                            k.i * p.dq_row_stride + k.h * p.dq_head_stride + k.c * 8) = out;
 }
 
-int grid_of(const BwdParams& p) {
-  const int64_t warps = (int64_t)p.total_q * p.heads;
-  return static_cast<int>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+template <class Kernel>
+int launch_rows(Kernel kernel, const BwdParams& p, cudaStream_t stream) {
+  if (p.total_q == 0 || p.heads == 0) return 0;
+  const int lanes = lanes_per_row(p.head_dim), rows = kThreads / lanes;
+  const auto blocks = static_cast<unsigned>(((int64_t)p.total_q + rows - 1) / rows);
+  kernel<<<dim3(blocks, p.heads), kThreads, 0, stream>>>(p, lanes);
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
 int run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
-  if (p.total_q == 0 || p.heads == 0) return 0;
-  preprocess_kernel<<<grid_of(p), kWarpsPerBlock * 32, 0, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return launch_rows(preprocess_kernel, p, stream);
 }
 
 int run_bwd_convert_dq(const BwdParams& p, cudaStream_t stream) {
-  if (p.total_q == 0 || p.heads == 0) return 0;
-  convert_dq_kernel<<<grid_of(p), kWarpsPerBlock * 32, 0, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return launch_rows(convert_dq_kernel, p, stream);
 }
 
 }  // namespace fa2

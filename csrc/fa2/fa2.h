@@ -82,7 +82,7 @@ struct BwdParams : FwdParams {
   void* dq;          // like q
   void* dk;          // like k
   void* dv;          // like v
-  float* dq_accum;   // fp32, q's shape, contiguous, zeroed by the caller
+  float* dq_accum;   // fp32, q's shape, contiguous; zeroed by the preprocess kernel
   float* dsum;       // fp32 like lse: rowsum(dO * O)
   int64_t do_batch_stride, do_row_stride, do_head_stride;
   int64_t dq_batch_stride, dq_row_stride, dq_head_stride;

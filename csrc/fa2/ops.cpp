@@ -328,7 +328,7 @@ void check_grads(const char* op, const Tensor& dout, const Tensor& q, const Tens
   FA2_CHECK(dq_accum.is_contiguous(), op, "dq_accum (strides ", strides_str(dq_accum),
             ") must be contiguous");
   FA2_CHECK(reinterpret_cast<uintptr_t>(dq_accum.const_data_ptr()) % 16 == 0, op,
-            "dq_accum must be 16-byte aligned (allocate it with torch.zeros)");
+            "dq_accum must be 16-byte aligned (allocate it with torch.empty)");
   check_cuda(op, "dsum", dsum, q);
   FA2_CHECK(dsum.scalar_type() == ScalarType::Float, op, "dsum has dtype ",
             scalar_name(dsum.scalar_type()), "; it must be float32");

@@ -90,13 +90,20 @@ def _inputs(b, sq, sk, h, hk, d, seed=0):
     return mk(b, sq, h, d), mk(b, sk, hk, d), mk(b, sk, hk, d), mk(b, sq, h, d)
 
 
+def dirty_accum(q):
+    """dq_accum as the op gets it from torch.empty: NaN everywhere, so that a dq summed into
+    anything the op did not zero itself fails the comparison (and the deterministic path,
+    which must not read it, would too)."""
+    return torch.full(q.shape, float("nan"), device="cuda", dtype=torch.float32)
+
+
 def _run(q, k, v, dout, scale, causal, window, softcap, deterministic):
     b, sq, h, _ = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(b, h, sq, device="cuda", dtype=torch.float32)
     OPS.fwd(q, k, v, out, lse, scale, causal, window[0], window[1], softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dq_accum = torch.zeros(q.shape, device="cuda", dtype=torch.float32)
+    dq_accum = dirty_accum(q)
     dsum = torch.empty_like(lse)
     OPS.bwd(dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, scale, causal, window[0],
             window[1], softcap, deterministic)
@@ -178,7 +185,7 @@ def test_bwd_varlen(d, causal, deterministic):
     lse = torch.empty(h, q.shape[0], device="cuda", dtype=torch.float32)
     OPS.fwd_varlen(q, k, v, out, lse, cq, ck, max(lq), max(lk), scale, causal, -1, -1, 0.0)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dq_accum = torch.zeros(q.shape, device="cuda", dtype=torch.float32)
+    dq_accum = dirty_accum(q)
     dsum = torch.empty_like(lse)
     OPS.bwd_varlen(dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, cq, ck, max(lq),
                    max(lk), scale, causal, -1, -1, 0.0, deterministic)

@@ -8,8 +8,9 @@ bwd_supported), computed in float64 torch on CPU.
   inside an op's implementation (the dispatcher runs it below the Autograd key, a
   thread-local setting), so they run it in a fresh thread, where it is on. That keeps the
   oracle independent of sm7x's own float32 fallback formulas.
-- Each call is recorded in CALLS (name, deterministic, whether dq_accum came zeroed,
-  contiguous and fp32, the shapes); bwd then dirties dq_accum as a kernel would.
+- Each call is recorded in CALLS (name, deterministic, whether dq_accum came contiguous and
+  fp32, the shapes; the op zeroes it itself, so it may come dirty); bwd then dirties
+  dq_accum as a kernel would.
 - bwd_supported(head_dim) is true except for the head dims in NO_BWD (256, like Turing).
 
 ``use(monkeypatch)`` routes sm7x.fa2 to it: ``_ops_for`` returns this namespace and the
@@ -102,16 +103,16 @@ def reference_grads(dout, q, k, v, scale, causal, window, softcap):
     return _autograd_in_thread(grads)
 
 
-def _record_bwd(op, dq_accum, deterministic, **extra):
+def _record_bwd(op, q, dq_accum, deterministic, **extra):
     CALLS.append(dict(op=op, deterministic=deterministic,
                       accum_ok=bool(dq_accum.dtype == torch.float32 and dq_accum.is_contiguous()
-                                    and (dq_accum == 0).all()), **extra))
-    dq_accum.fill_(7.0)  # a kernel leaves it dirty: the next call must zero it again
+                                    and dq_accum.shape == q.shape), **extra))
+    dq_accum.fill_(7.0)  # a kernel leaves it dirty (the op zeroes it first)
 
 
 def _bwd(dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, scale, causal, left, right,
          softcap, deterministic):
-    _record_bwd("bwd", dq_accum, deterministic, dq_shape=tuple(dq.shape), dk_shape=tuple(dk.shape),
+    _record_bwd("bwd", q, dq_accum, deterministic, dq_shape=tuple(dq.shape), dk_shape=tuple(dk.shape),
                 dsum_shape=tuple(dsum.shape))
     gq, gk, gv = reference_grads(dout, q, k, v, scale, causal, _window(causal, left, right),
                                  softcap)
@@ -121,7 +122,7 @@ def _bwd(dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, scale, causal, lef
 
 def _bwd_varlen(dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, cu_q, cu_k, max_q, max_k,
                 scale, causal, left, right, softcap, deterministic):
-    _record_bwd("bwd_varlen", dq_accum, deterministic, dq_shape=tuple(dq.shape),
+    _record_bwd("bwd_varlen", q, dq_accum, deterministic, dq_shape=tuple(dq.shape),
                 dk_shape=tuple(dk.shape), dsum_shape=tuple(dsum.shape))
     cq, ck = cu_q.tolist(), cu_k.tolist()
     dq.zero_(), dk.zero_(), dv.zero_()

@@ -5,8 +5,8 @@ of the float32 reference), and the float32 fallback backward against autograd.
 
 What is checked: gradients reach q, k, v with the right values, shapes and dtypes (GQA:
 dk/dv of k/v's shape, summed over the group), batched and varlen (a zero-length sequence
-included), the packed variants; the backward op gets ``deterministic`` and a zeroed fp32
-dq_accum every call; checkpointing (reentrant and not) recomputes the forward;
+included), the packed variants; the backward op gets ``deterministic`` and a contiguous
+fp32 dq_accum of q's shape every call (the op zeroes it); checkpointing (reentrant and not) recomputes the forward;
 torch.compile(fullgraph=True) traces forward and backward through the ops' fakes; the
 fallback and its one-time warning; the refusals. The kernels themselves:
 tests/gpu/test_fa2_backward.py.
@@ -127,7 +127,7 @@ def test_deterministic_reaches_the_backward_op(lib, det):
         fa2.flash_attn_func(_leaf(q), k, v, deterministic="yes")
 
 
-def test_dq_accum_is_zeroed_fp32_every_call(lib):
+def test_dq_accum_is_fp32_like_q_every_call(lib):
     q, k, v, dout = _inputs()
     for _ in range(3):
         fa2.flash_attn_func(_leaf(q), k, v, causal=True).backward(dout)

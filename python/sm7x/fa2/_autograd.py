@@ -131,7 +131,7 @@ def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                                       window_left, window_right, softcap)
     dout, q, k, v, out = _layout(dout, q, k, v, out)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # the op zeroes it
     dsum = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     ops.bwd(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, dq_accum, dsum, softmax_scale,
             causal, window_left, window_right, softcap, deterministic)
@@ -207,7 +207,7 @@ def attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                                      softmax_scale, causal, window_left, window_right, softcap)
     dout, q, k, v, out = _layout(dout, q, k, v, out)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # the op zeroes it
     dsum = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     ops.bwd_varlen(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, dq_accum, dsum,
                    cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q,
