@@ -219,13 +219,13 @@ def bwd_kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> 
     problems = []
     for e in fa2.get("bwd_kernels", {}).get(arch, []):
         d = e["head_dim"]
-        stack = e.get("stack_bytes", 0)  # measured with it (csrc/fa2/README.md)
+        allowed = e.get("stack_bytes", 0)  # measured with it (csrc/fa2/README.md)
         passes = [("bwd dKdQ" if e.get("split") else "bwd", e["block_n"], e["block_m"],
-                   e["smem_bytes"], stack),
+                   e["smem_bytes"], allowed),
                   ("bwd dQ", e["dq_block_m"], e["dq_block_n"], e["dq_smem_bytes"], 0)]
         if e.get("split"):
             passes.append(("bwd dV", e.get("dv_block_n", e["block_n"]), e["block_m"],
-                           e["dv_smem_bytes"], stack))
+                           e["dv_smem_bytes"], allowed))
         for kind, rows, cols, smem_dyn, stack in passes:
             what = f"{arch} d={d} {kind} {rows}x{cols}"
             names = found.pop((kind, d, rows, cols), [])
