@@ -78,3 +78,11 @@ def test_backward_kernel_names_tiles_and_flop():
         "bwd dKdQ", 256, 16, 16, True) == 6 * 2 * 16 * 16 * 256
     assert kernels.bwd_flop("bwd dQ", 128, 64, 32, False) == 3 * 2 * 64 * 32 * 128
     assert kernels.bwd_flop("bwd dQ", 256, 32, 16, True) == int(2.5 * 2 * 32 * 16 * 256)
+
+
+def test_render_shows_what_a_kernel_spills():
+    res = {"arch": "sm75", "reg": 255, "stack": 8, "shared": 0, "local": 4}
+    s = kernels.KernelStats("sm75", 64, 128, 64, False, 256, 255, 55808, 1, 8, None, None, 1,
+                            None, None, "T4", "bwd", kernels.local_bytes(res))
+    head, row = (line.split() for line in kernels.render([s]).splitlines()[:2])
+    assert row[head.index("lmem")] == "12"

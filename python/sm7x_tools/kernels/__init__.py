@@ -78,6 +78,7 @@ class KernelStats:
     tensor_flop_matches: bool | None
     card: str
     kind: str = ""  # prefill, serving, bwd (dV, dKdQ: the two passes at d256), bwd dQ
+    local_bytes: int = 0  # per thread, ptxas stack + local memory: spills (0 but sm75 bwd d64)
 
 
 def tools(cuda_bin: str | None = None) -> str:
@@ -264,9 +265,14 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
                                resident, n_tensor * warps, smem_tile, flop,
                                round(flop / smem_tile, 2) if smem_tile else float("inf"),
                                flop_warp * warps == flop, CARDS[arch]["card"],
-                               "serving" if serving else "prefill"))
+                               "serving" if serving else "prefill", local_bytes(res[name])))
     order = ["prefill", "serving", "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"]
     return sorted(out, key=lambda s: (s.arch, order.index(s.kind), s.head_dim, s.block_m))
+
+
+def local_bytes(res: dict) -> int:
+    """A kernel's stack and local memory per thread (-res-usage): what it spills."""
+    return res["stack"] + res["local"]
 
 
 def _bwd_stats(name: str, insns, res: dict, targets: dict, lib) -> KernelStats:
@@ -288,15 +294,16 @@ def _bwd_stats(name: str, insns, res: dict, targets: dict, lib) -> KernelStats:
     blocks, resident = occupancy(arch, threads, res["reg"], smem)
     if flop_warp * warps != flop:  # see KernelStats: no per-tile figures from a rolled loop
         return KernelStats(arch, d, rows, cols, False, threads, res["reg"], smem, blocks,
-                           resident, None, None, flop, None, None, CARDS[arch]["card"], kind)
+                           resident, None, None, flop, None, None, CARDS[arch]["card"], kind,
+                           local_bytes(res))
     return KernelStats(arch, d, rows, cols, False, threads, res["reg"], smem, blocks, resident,
                        n_tensor * warps, smem_tile, flop,
                        round(flop / smem_tile, 2) if smem_tile else float("inf"), True,
-                       CARDS[arch]["card"], kind)
+                       CARDS[arch]["card"], kind, local_bytes(res))
 
 
 def render(stats: list[KernelStats]) -> str:
-    head = (f"{'arch':<5} {'kernel':<8} {'d':>3} {'tile':>7} {'thr':>4} {'regs':>4} "
+    head = (f"{'arch':<5} {'kernel':<8} {'d':>3} {'tile':>7} {'thr':>4} {'regs':>4} {'lmem':>4} "
             f"{'smem/blk':>8} {'blk/SM':>6} {'warps/SM':>8} {'MMA/tile':>8} "
             f"{'smem B/tile':>11} {'FLOP/B':>7} {'check':>6}")
     lines = [head]
@@ -304,12 +311,13 @@ def render(stats: list[KernelStats]) -> str:
     for s in stats:
         check = {True: "ok", False: "FLOP?", None: "rolled"}[s.tensor_flop_matches]
         lines.append(f"{s.arch:<5} {s.kind:<8} {s.head_dim:>3} "
-                     f"{s.block_m:>3}x{s.block_n:<3} {s.threads:>4} {s.regs:>4} "
+                     f"{s.block_m:>3}x{s.block_n:<3} {s.threads:>4} {s.regs:>4} {s.local_bytes:>4} "
                      f"{s.smem_bytes:>8} {s.blocks_per_sm:>6} {s.warps_per_sm:>8} "
                      f"{na(s.tensor_insns_per_tile):>8} {na(s.smem_bytes_per_tile):>11} "
                      f"{na(s.flop_per_smem_byte):>7} {check:>6}")
     cards = sorted({f"{s.arch}: {s.card}" for s in stats})
-    lines.append(f"per SM of: {', '.join(cards)}; MMA/tile and smem B/tile per block per tile "
+    lines.append(f"per SM of: {', '.join(cards)}; lmem: bytes of stack and local memory per "
+                 f"thread (spills); MMA/tile and smem B/tile per block per tile "
                  f"of the loop; FLOP/B: the tile's FLOP (forward 4*rows*keys*d; backward 2*rows*"
                  f"cols*d per GEMM) / smem bytes; bwd tiles are keys x queries, bwd dQ queries x keys; "
                  f"rolled: the loop's static counts are not one tile (an inner loop kept rolled)")
