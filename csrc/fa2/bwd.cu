@@ -47,6 +47,11 @@ __device__ __forceinline__ Chunk chunk_of(const BwdParams& p, int lanes) {
   }
   return k;
 }
+// The chunk's 8 floats of dq_accum (contiguous like q: head stride head_dim).
+__device__ __forceinline__ float* accum_of(const BwdParams& p, const Chunk& k) {
+  return p.dq_accum + k.b * p.acc_batch_stride + k.i * p.acc_row_stride +
+         (int64_t)k.h * p.head_dim + k.c * 8;
+}
 
 __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BwdParams p, int lanes) {
   const Chunk k = chunk_of(p, lanes);
@@ -66,9 +71,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BwdParams p,
       acc = fmaf(a.x, c.x, fmaf(a.y, c.y, acc));
     }
     if (!p.deterministic) {  // the deterministic dQ kernel leaves dq_accum untouched
-      float4* a = reinterpret_cast<float4*>(p.dq_accum + k.b * p.acc_batch_stride +
-                                            k.i * p.acc_row_stride +
-                                            (int64_t)k.h * p.head_dim + k.c * 8);
+      float4* a = reinterpret_cast<float4*>(accum_of(p, k));
       a[0] = a[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
@@ -80,8 +83,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const BwdParams p,
 __global__ void __launch_bounds__(kThreads) convert_dq_kernel(const BwdParams p, int lanes) {
   const Chunk k = chunk_of(p, lanes);
   if (!k.cols) return;
-  const float* a = p.dq_accum + k.b * p.acc_batch_stride + k.i * p.acc_row_stride +
-                   (int64_t)k.h * p.head_dim + k.c * 8;
+  const float* a = accum_of(p, k);
   const float4 x = *reinterpret_cast<const float4*>(a);
   const float4 y = *reinterpret_cast<const float4*>(a + 4);
   const float s = p.scale;
