@@ -115,22 +115,22 @@ def check_fwd(tag, d, sq, sk, causal, group):
     _compare(f"{tag}d={d}", out, lse, ref_out, ref_lse)
 
 
-def check_window(tag, window, sq, sk):
+def check_window(tag, window, sq, sk, d=64):
     from sm7x.fa2 import flash_attn_func
 
-    q, k, v = _qkv(2, sq, sk, 4, 2, 64, seed=11)
+    q, k, v = _qkv(2, sq, sk, 4, 2, d, seed=11)
     out, lse, _ = flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
-    ref_out, ref_lse = reference(q, k, v, 64 ** -0.5, False, window)
+    ref_out, ref_lse = reference(q, k, v, d ** -0.5, False, window)
     _compare(f"{tag}window", out, lse, ref_out, ref_lse)
 
 
-def check_softcap(tag, causal):
+def check_softcap(tag, causal, d=128):
     from sm7x.fa2 import flash_attn_func
 
-    q, k, v = _qkv(2, 257, 300, 4, 4, 128, seed=5)
+    q, k, v = _qkv(2, 257, 300, 4, 4, d, seed=5)
     q = q * 3
     out, lse, _ = flash_attn_func(q, k, v, causal=causal, softcap=30.0, return_attn_probs=True)
-    ref_out, ref_lse = reference(q, k, v, 128 ** -0.5, causal, softcap=30.0)
+    ref_out, ref_lse = reference(q, k, v, d ** -0.5, causal, softcap=30.0)
     _compare(f"{tag}softcap", out, lse, ref_out, ref_lse)
 
 

@@ -56,13 +56,15 @@ def test_sm70_library_is_the_one_loaded():
 
 @pytest.mark.parametrize("window", [(16, 0), (100, 50), (-1, 7), (0, 0), (300, -1)])
 @pytest.mark.parametrize("sq,sk", [(333, 333), (200, 600), (600, 200)])
-def test_sliding_window(window, sq, sk):
-    check_window("sm70 ", window, sq, sk)
+@pytest.mark.parametrize("d", [64, 256])  # 256: sm75's dim-split kernel (Gemma: window + softcap)
+def test_sliding_window(window, sq, sk, d):
+    check_window("sm70 ", window, sq, sk, d)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_softcap(causal):
-    check_softcap("sm70 ", causal)
+@pytest.mark.parametrize("d", [128, 256])
+def test_softcap(causal, d):
+    check_softcap("sm70 ", causal, d)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

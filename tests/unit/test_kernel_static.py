@@ -43,6 +43,14 @@ def test_kernel_threads_follow_the_warp_rows_of_the_name():
     assert kernels.kernel_threads(old) == 256
 
 
+def test_kernel_threads_count_the_dim_split_of_the_name():
+    # sm75 d=256 64x32, 16 rows per warp, two warps per row slice (dim_split 2): 8 warps
+    name = "_ZN4sm7x3fa24sm7510fwd_kernelINS1_9FwdConfigILi256ELi64ELi32ELNS0_10KvPrefetchE2ELb1ELi16ELi{}EEELb0EEEvNS0_9FwdParamsE"
+    assert kernels.kernel_key(name.format(2)) == (256, 64, 32, False)
+    assert kernels.kernel_threads(name.format(2)) == 256
+    assert kernels.kernel_threads(name.format(1)) == 128
+
+
 def test_occupancy_rules():
     # V100: 243 regs x 128 threads -> 7936 per warp (31 units), 8 warps by registers;
     # 96256 B of shared memory leaves one block

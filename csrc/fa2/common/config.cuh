@@ -26,17 +26,20 @@ enum class KvPrefetch { kNone, kBoth, kStaged, kDouble };
 
 // A CTA computes BR query rows of one (batch, head) with BR / WR warps of WR rows each
 // (WR / 16 m16 slices per warp: with 32 rows, every K/V fragment a warp loads from shared
-// memory feeds two MMAs instead of one), walking K/V in tiles of BC keys. Tiles are fp16
+// memory feeds two MMAs instead of one), walking K/V in tiles of BC keys. KS > 1 (sm75
+// only, "dim_split"): KS warps share each WR rows, each owning D / KS columns of Q and O
+// (BR / WR x KS warps). Tiles are fp16
 // [rows][D + 8] in shared memory: the 16-byte row padding puts the 8 row addresses of a
 // matrix load in distinct banks.
-template <int D, int BR, int BC, int WR = 16>
+template <int D, int BR, int BC, int WR = 16, int KS = 1>
 struct TileShape {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = BR;
   static constexpr int kBlockN = BC;
   static constexpr int kWarpRows = WR;
   static constexpr int kSlices = WR / 16;  // m16 slices per warp
-  static constexpr int kWarps = BR / WR;
+  static constexpr int kDimSplit = KS;
+  static constexpr int kWarps = BR / WR * KS;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kStride = D + 8;  // fp16 tile row stride (halves)
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
@@ -47,6 +50,8 @@ struct TileShape {
   static_assert(D % 16 == 0 && D <= 256, "head dim: a multiple of 16, at most 256");
   static_assert(BR % 16 == 0 && BC % 16 == 0, "tiles: multiples of 16");
   static_assert((WR == 16 || WR == 32) && BR % WR == 0, "warp rows: 16 or 32, dividing BR");
+  static_assert((KS == 1 || KS == 2) && D % (16 * KS) == 0,
+                "dim split: 1 or 2 warps per row slice, each a multiple of 16 columns");
 };
 
 }  // namespace fa2

@@ -46,18 +46,21 @@ __device__ __forceinline__ void out_offsets(const FwdParams& p, int b, int h, in
 // staged fp16 [16][C::kStride] at sO, to the output rows m0 + 16 slice + 0..15 of the
 // `rows` rows; row_offset(grow) is the element offset of row
 // grow in p.o (the serving kernels' packed GQA rows; store_o_rows: o_off + grow * stride).
-// 128-bit stores; rows past `rows` and chunks past the real head dim are skipped.
-template <class C, class RowOffset>
+// 128-bit stores; rows past `rows` and chunks past the real head dim are skipped. PARTS
+// warps that staged one slice together (a dim split) each store part `part` of its chunks.
+template <class C, class RowOffset, int PARTS = 1>
 __device__ __forceinline__ void store_o_rows_at(const FwdParams& p, const RowOffset& row_offset,
                                                 const __half* sO, int m0, int slice, int rows,
-                                                int lane) {
+                                                int lane, int part = 0) {
+  constexpr int kN = 16 * C::kChunks / 32;  // chunks per lane of the whole slice
+  static_assert(kN % PARTS == 0, "a slice's chunks split evenly over the warps that store it");
   // Read up front: a load inside the && below is conditional and made the second test a
   // branch of its own (4 more BRA at d=96).
   const int head_dim = p.head_dim;
   __half* const o = static_cast<__half*>(p.o);
 #pragma unroll
-  for (int i = 0; i < 16 * C::kChunks / 32; ++i) {
-    const int idx = lane + i * 32;
+  for (int i = 0; i < kN / PARTS; ++i) {
+    const int idx = lane + (part * (kN / PARTS) + i) * 32;
     const int r = idx / C::kChunks, c = idx % C::kChunks;
     const int grow = m0 + slice * 16 + r;
     if (grow < rows && c * 8 < head_dim)

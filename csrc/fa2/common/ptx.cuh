@@ -43,6 +43,13 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Barrier `id` (1..15; 0 is __syncthreads') for `threads` threads, whole warps: a few
+// warps of a CTA meet without stopping the others. "memory": shared-memory writes before
+// it are visible to the other warps after it, and no access moves across it.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 750
 // ---- sm_75 and newer only
 

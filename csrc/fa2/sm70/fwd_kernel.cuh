@@ -51,9 +51,10 @@ namespace sm7x {
 namespace fa2 {
 namespace sm70 {
 
-template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS, int WR = 16>
+template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS, int WR = 16, int KS = 1>
 struct FwdConfig : TileShape<D, BR, BC, WR> {
   using Shape = TileShape<D, BR, BC, WR>;
+  static_assert(KS == 1, "sm70 kernel: no dim split (each warp owns whole rows of O)");
   static constexpr bool kPrefetch = PREFETCH == KvPrefetch::kBoth;
   static constexpr bool kQInRegs = Q_IN_REGS;
   static constexpr int kSStride = BC + 8;  // fp32 S scratch row stride (floats)

@@ -15,7 +15,15 @@
 // registers, issued before the GEMMs of the current tile, and stored to shared memory
 // after them (KvPrefetch::kBoth, kStaged or kDouble, common/config.cuh).
 // Shared memory: Q [BR][D+8], then K [BC][D+8], V [BC][D+8] fp16, twice with kDouble
-// (with Q_IN_REGS, K and V reuse the Q tile's space).
+// (with Q_IN_REGS, K and V reuse the Q tile's space); with a dim split, then one fp32
+// S exchange slot per warp.
+//
+// Dim split (KS = 2, d256): a pair of warps shares 16 rows, each holding half of the
+// head dim of Q and O (64 O accumulators instead of 128, Q in registers). Each computes a
+// partial S over its half, writes it to its exchange slot, and after a pair barrier adds
+// its partner's: both then hold the same S (fp32 addition commutes) and run the same
+// softmax, and each multiplies P by its half of V. Every warp reads half of each K and V
+// tile, so a d256 tile costs a warp as much shared memory as a d128 one.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -41,17 +49,20 @@ namespace sm75 {
 // Q_IN_REGS: each warp keeps its Q fragments (WR / 16 x D / 16 x 4 registers) for the
 // whole key loop instead of re-reading them from shared memory per tile; the Q tile is
 // then only staged in shared memory, which the K/V tiles reuse (smem = max(Q, K/V tiles)).
-template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS, int WR = 16>
-struct FwdConfig : TileShape<D, BR, BC, WR> {
-  using Shape = TileShape<D, BR, BC, WR>;
+template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS, int WR = 16, int KS = 1>
+struct FwdConfig : TileShape<D, BR, BC, WR, KS> {
+  using Shape = TileShape<D, BR, BC, WR, KS>;
   static constexpr KvPrefetch kPrefetch = PREFETCH;
   static constexpr bool kQInRegs = Q_IN_REGS;
   // K/V of the next tile held in registers across the whole iteration
   static constexpr bool kPrefetchBoth = PREFETCH == KvPrefetch::kBoth || PREFETCH == KvPrefetch::kDouble;
   static constexpr bool kDouble = PREFETCH == KvPrefetch::kDouble;
   static constexpr int kKvRows = (kDouble ? 4 : 2) * BC;  // K and V tiles, x2 with kDouble
-  static constexpr int kSmemBytes =
+  static constexpr int kTileBytes =
       (Q_IN_REGS ? (BR > kKvRows ? BR : kKvRows) : BR + kKvRows) * Shape::kStride * 2;
+  // dim split: one slot per warp of its partial S (a float4 per lane per slice and n8 tile)
+  static constexpr int kExchangeBytes = KS > 1 ? Shape::kWarps * (WR / 16) * (BC / 8) * 32 * 16 : 0;
+  static constexpr int kSmemBytes = kTileBytes + kExchangeBytes;
   static_assert(PREFETCH != KvPrefetch::kNone, "sm75 kernel: prefetch kBoth, kStaged or kDouble");
 };
 
@@ -63,14 +74,19 @@ template <class C, bool SERVING>
 __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   using namespace detail;
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
-  constexpr int MS = C::kSlices, WR = C::kWarpRows;
+  constexpr int MS = C::kSlices, WR = C::kWarpRows, KS = C::kDimSplit;
+  static_assert(KS == 1 || !SERVING, "dim split: prefill only (a serving warp may skip its GEMMs)");
+  static_assert(KS == 1 || BR / WR <= 15, "dim split: one named barrier per row group (ids 1..15)");
+  constexpr int DW = D / KS;  // head-dim columns of Q and O this warp holds
   constexpr int NT = BC / 8;  // n8 tiles of S per slice
-  constexpr int DT = D / 8;   // n8 tiles of O per slice
+  constexpr int DT = DW / 8;  // n8 tiles of O per slice
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* sQ = reinterpret_cast<__half*>(smem_raw);
   __half* const sK0 = C::kQInRegs ? sQ : sQ + BR * ST;  // kQInRegs: K/V reuse the Q staging
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
+  // rw: the row group (WR rows) of this warp; its columns start at c0 (dim split)
+  const int rw = (tid >> 5) / KS, c0 = KS > 1 ? ((tid >> 5) % KS) * DW : 0;
   const int g = lane >> 2, tig = lane & 3;
   // Prefill: (m-block, head, batch); serving: (m-block, kv head, partition).
   const int h = blockIdx.y, b = blockIdx.z;
@@ -83,7 +99,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   const int first_row = cw.first_row, last_row = cw.last_row;
   [[maybe_unused]] const ServingWork& w = cw.w;
   const SoftmaxScale sc = softmax_scale(p);
-  const bool warp_on = !SERVING || m0 + warp * WR < sq;
+  const bool warp_on = !SERVING || m0 + rw * WR < sq;
   // K / V tile n0 -> registers; serving: the pages of the next tile's rows are fetched
   // into pg one tile ahead (fetch(n0) right after the loads of the tile before).
   [[maybe_unused]] int pg[SERVING ? C::kTileLoads : 1];
@@ -103,16 +119,16 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     load_q<C, SERVING>(qr, p, cw, m0, tid);
     store_tile<C, BR>(sQ, qr, tid);
   }
-  // Slice ms of this warp: rows warp * WR + ms * 16 .. + 15 of the tile.
+  // Slice ms of this warp: rows rw * WR + ms * 16 .. + 15 of the tile (columns c0 ..).
   const __half* q_frag_base =
-      sQ + (warp * WR + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
-  uint32_t qa[C::kQInRegs ? MS : 1][C::kQInRegs ? D / 16 : 1][4];
+      sQ + (rw * WR + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8 + c0;
+  uint32_t qa[C::kQInRegs ? MS : 1][C::kQInRegs ? DW / 16 : 1][4];
   if constexpr (C::kQInRegs) {
     __syncthreads();  // Q tile stored
 #pragma unroll
     for (int ms = 0; ms < MS; ++ms)
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[ms][kk], q_frag_base + ms * 16 * ST + kk * 16);
+      for (int kk = 0; kk < DW / 16; ++kk) ldmatrix_x4(qa[ms][kk], q_frag_base + ms * 16 * ST + kk * 16);
     __syncthreads();  // every warp holds its Q fragments: sQ is free for K and V
   }
 
@@ -128,7 +144,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     row_sum[ms][0] = row_sum[ms][1] = 0.f;
   }
   // rows of this thread in slice ms: r0 + 16 ms and r0 + 16 ms + 8
-  const int r0 = m0 + warp * WR + g;
+  const int r0 = m0 + rw * WR + g;
   // The query position of row r for the masks (serving: its token).
   auto mask_row = [&](int r) { return SERVING ? r / p.group : r; };
 
@@ -144,8 +160,15 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   }
   __syncthreads();
 
-  const int k_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
-  const int v_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+  const int k_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8 + c0;
+  const int v_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8 + c0;
+  // dim split (KS = 2): this lane's float4s in its warp's exchange slot and in the
+  // partner's (warp ^ 1; the pair meets at named barrier 1 + rw)
+  constexpr int kSlot = MS * NT * 32;  // float4 per slot
+  [[maybe_unused]] float4* const x_mine =
+      reinterpret_cast<float4*>(smem_raw + C::kTileBytes) + (tid >> 5) * kSlot + lane;
+  [[maybe_unused]] const float4* const x_peer =
+      reinterpret_cast<const float4*>(smem_raw + C::kTileBytes) + ((tid >> 5) ^ 1) * kSlot + lane;
 
   for (int t = t_lo; t < t_hi; ++t) {
     const int n0 = t * BC;
@@ -171,7 +194,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 #pragma unroll
       for (int i = 0; i < NT; ++i) s[ms][i][0] = s[ms][i][1] = s[ms][i][2] = s[ms][i][3] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < DW / 16; ++kk) {
       uint32_t a[MS][4];
 #pragma unroll
       for (int ms = 0; ms < MS; ++ms) {
@@ -194,6 +217,26 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
           mma_m16n8k8(s[ms][2 * nn + 1], a[ms][2], a[ms][3], bk[3]);
         }
       }
+    }
+    if constexpr (KS > 1) {
+      // S = this half's partial + the partner's. The slot is rewritten next tile only
+      // after a CTA barrier of this one, which the partner reaches after its read.
+#pragma unroll
+      for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+        for (int i = 0; i < NT; ++i)
+          x_mine[(ms * NT + i) * 32] = make_float4(s[ms][i][0], s[ms][i][1], s[ms][i][2], s[ms][i][3]);
+      named_barrier(1 + rw, 32 * KS);
+#pragma unroll
+      for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          const float4 x = x_peer[(ms * NT + i) * 32];
+          s[ms][i][0] += x.x;
+          s[ms][i][1] += x.y;
+          s[ms][i][2] += x.z;
+          s[ms][i][3] += x.w;
+        }
     }
     // ---- softcap, masking, online softmax (fp32)
     bool rescale = false;
@@ -270,7 +313,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 #pragma unroll
     for (int kt = 0; kt < BC / 16; ++kt) {
 #pragma unroll
-      for (int dn = 0; dn < D / 16; ++dn) {
+      for (int dn = 0; dn < DW / 16; ++dn) {
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, sV + v_frag + kt * 16 * ST + dn * 16);
 #pragma unroll
@@ -361,7 +404,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         o[ms][i][2 * hr + 1] *= inv;
       }
       const int row = r0 + ms * 16 + hr * 8;
-      if (tig == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max[ms][hr]);
+      if (tig == 0 && c0 == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max[ms][hr]);
     }
   }
   if constexpr (C::kQInRegs)
@@ -370,16 +413,22 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     __syncwarp();
 #pragma unroll
   for (int ms = 0; ms < MS; ++ms) {
-    const int slice = warp * MS + ms;
+    const int slice = rw * MS + ms;
     __half* sO = sQ + slice * 16 * ST;
 #pragma unroll
     for (int i = 0; i < DT; ++i) {
-      *reinterpret_cast<uint32_t*>(sO + g * ST + i * 8 + tig * 2) = pack_half2(o[ms][i][0], o[ms][i][1]);
-      *reinterpret_cast<uint32_t*>(sO + (g + 8) * ST + i * 8 + tig * 2) =
+      *reinterpret_cast<uint32_t*>(sO + g * ST + c0 + i * 8 + tig * 2) = pack_half2(o[ms][i][0], o[ms][i][1]);
+      *reinterpret_cast<uint32_t*>(sO + (g + 8) * ST + c0 + i * 8 + tig * 2) =
           pack_half2(o[ms][i][2], o[ms][i][3]);
     }
-    __syncwarp();
-    store_o_slice<C, SERVING>(p, o_off, sO, m0, slice, sq, lane);
+    if constexpr (KS > 1) {
+      named_barrier(1 + rw, 32 * KS);  // both halves of the slice staged
+      store_o_rows_at<C, OffsetRows, KS>(p, OffsetRows{o_off, p.o_row_stride}, sO, m0, slice,
+                                         sq, lane, (tid >> 5) % KS);
+    } else {
+      __syncwarp();
+      store_o_slice<C, SERVING>(p, o_off, sO, m0, slice, sq, lane);
+    }
   }
 }
 

@@ -42,10 +42,11 @@ TENSOR_FLOP = {"HMMA.884.F32": 512, "HMMA.884.F16": 512, "HMMA.1688.F32": 2048,
 # Bytes per lane of a shared-memory access, by opcode suffix; LDSM moves whole 8x8 fp16
 # matrices (128 bytes each) per warp.
 WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
-# fwd_kernel<FwdConfig<head_dim, block_m, block_n, ..., warp_rows>, SERVING> in a mangled name
-# (libraries built before warp_rows have no last FwdConfig argument: 16 rows per warp)
+# fwd_kernel<FwdConfig<head_dim, block_m, block_n, ..., warp_rows, dim_split>, SERVING> in a
+# mangled name (libraries built before warp_rows end the FwdConfig at q_in_regs: 16 rows per
+# warp; those before dim_split at warp_rows: one warp per row slice)
 KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELNS0_10KvPrefetchE\d+ELb[01]"
-                    r"(?:ELi(\d+))?EEELb([01])EEEv")
+                    r"(?:ELi(\d+))?(?:ELi(\d+))?EEELb([01])EEEv")
 # bwd_kernel<BwdConfig<head_dim, block_n, block_m, dq_block_m, dq_block_n, split, prefetch,
 # min_blocks, v_in_regs>, mode> and bwd_dq_kernel<BwdConfig<...>> (common/bwd_common.cuh:
 # mode 0 all, 1 dV only, 2 dK and dQ); libraries built before prefetch end the config at
@@ -125,18 +126,18 @@ def kernel_key(name: str) -> tuple[int, int, int, bool] | None:
     m = KERNEL.search(name)
     if not m:
         return None
-    d, bm, bn, serving = (int(m.group(i)) for i in (1, 2, 3, 5))
+    d, bm, bn, serving = (int(m.group(i)) for i in (1, 2, 3, 6))
     return d, bm, bn, bool(serving)
 
 
 def kernel_threads(name: str) -> int:
-    """Block size of an FA2 fwd kernel from its mangled name: block_m / warp_rows warps
-    (the wide serving kernel of a table entry runs 16 rows per warp whatever the entry's
-    warp_rows, so the table's threads do not always apply)."""
+    """Block size of an FA2 fwd kernel from its mangled name: block_m / warp_rows x
+    dim_split warps (the wide serving kernel of a table entry runs 16 rows per warp and no
+    dim split whatever the entry says, so the table's threads do not always apply)."""
     m = KERNEL.search(name)
     if not m:
         raise ValueError(f"not an FA2 fwd kernel: {name}")
-    return int(m.group(2)) // int(m.group(4) or 16) * 32
+    return int(m.group(2)) // int(m.group(4) or 16) * int(m.group(5) or 1) * 32
 
 
 def bwd_key(name: str) -> tuple[str, int, int, int, int, bool] | None:
