@@ -78,6 +78,10 @@ def test_backward_kernel_names_tiles_and_flop():
     assert kernels.bwd_key(vregs) == ("bwd dKdQ", 128, 64, 16, 128, True)
     assert kernels.bwd_key(vregs.replace("ELi2ELb1EEE", "ELi2EEE")) == ("bwd dKdQ", 128, 64, 16,
                                                                         128, True)
+    # dim_split after v_in_regs: two warps per 16 keys
+    split2 = vregs.replace("ELb1EEELi2EEE", "ELb1ELi2EEELi2EEE")
+    assert kernels.bwd_key(split2) == ("bwd dKdQ", 128, 64, 16, 256, True)
+    assert kernels.bwd_key(vregs.replace("ELb1EEELi2EEE", "ELb1ELi1EEELi2EEE"))[4] == 128
     assert kernels.bwd_key(main.replace("bwd_kernel", "fwd_kernel")) is None
     assert kernels.kernel_key(main) is None
     # 2 * rows * cols * d per GEMM: 5 in the main kernel, 2 + 4 in the split passes, 3 in dQ

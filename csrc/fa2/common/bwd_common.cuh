@@ -38,8 +38,10 @@ enum BwdMode { kBwdAll = 0, kBwdDv = 1, kBwdDkDq = 2 };
 // main kernel's __launch_bounds__ minimum of resident CTAs per SM (caps its registers).
 // V_IN_REGS: each warp holds its 16 keys of V as MMA A fragments in registers, loaded once
 // from global memory; dP^T = V dO^T then needs no V tile in shared memory (sm75).
+// KS > 1 (sm75 only, "dim_split"): KS warps share each 16 keys, each holding D / KS columns
+// of their dK / dV (and V) and exchanging partial S^T / dP^T (sm75/bwd_kernel.cuh).
 template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
-          int MIN_BLOCKS = 1, bool V_IN_REGS = false>
+          int MIN_BLOCKS = 1, bool V_IN_REGS = false, int KS = 1>
 struct BwdShape {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockN = BN;
@@ -59,7 +61,8 @@ struct BwdShape {
   __host__ __device__ static constexpr int ds_rows(int mode) {
     return mode == detail::kBwdDv ? 0 : BN;
   }
-  static constexpr int kWarps = BN / 16;
+  static constexpr int kDimSplit = KS;
+  static constexpr int kWarps = BN / 16 * KS;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kDqWarps = DQ_BM / 16;
   static constexpr int kDqThreads = kDqWarps * 32;
@@ -70,6 +73,8 @@ struct BwdShape {
   static_assert(BN % 16 == 0 && BM % 16 == 0 && DQ_BM % 16 == 0 && DQ_BN % 16 == 0,
                 "tiles: multiples of 16");
   static_assert(BM <= kThreads, "the LSE / dsum of a query tile: one thread per row");
+  static_assert((KS == 1 || KS == 2) && D % (16 * KS) == 0,
+                "dim split: 1 or 2 warps per 16 keys, each a multiple of 16 columns");
   // 16-byte loads per thread in flight while copying a tile (0: unbounded): next to the
   // d >= 112 accumulators, unbounded copies spilled registers
   static constexpr int kCopyBatch = D >= 112 ? 4 : 0;

@@ -33,15 +33,24 @@ namespace fa2 {
 namespace sm75 {
 
 template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
-          int MIN_BLOCKS = 1, bool V_IN_REGS = false>
-struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS> {
-  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS>;
+          int MIN_BLOCKS = 1, bool V_IN_REGS = false, int KS = 1>
+struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, KS> {
+  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, KS>;
   // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; LSE, dsum [BM] fp32. The dV
   // pass of a split backward (mode kBwdDv) has no V, dS^T or dsum (S::v_rows, S::ds_rows):
   // less shared memory, so that more of its CTAs fit on a Turing SM (d = 256: 2 instead of 1).
-  static constexpr int smem_bytes(int mode) {
+  __host__ __device__ static constexpr int tile_bytes(int mode) {
     return (BN + S::v_rows(mode) + 2 * BM) * S::kStride * 2 + S::ds_rows(mode) * S::kDsStride * 2 +
            (mode == detail::kBwdDv ? 1 : 2) * BM * 4;
+  }
+  // dim split: then, 16-byte aligned, one exchange slot per warp: its partial S^T (and dP^T
+  // but in the dV pass), a float4 per lane and n8 tile
+  __host__ __device__ static constexpr int exchange_floats4(int mode) {
+    return KS > 1 ? (mode == detail::kBwdDv ? 1 : 2) * (BM / 8) * 32 : 0;
+  }
+  __host__ __device__ static constexpr int smem_bytes(int mode) {
+    return KS > 1 ? (tile_bytes(mode) + 15) / 16 * 16 + S::kWarps * exchange_floats4(mode) * 16
+                  : tile_bytes(mode);
   }
   static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);
   // Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8]
@@ -82,7 +91,8 @@ template <class C, int MODE>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const BwdParams p) {
   using namespace detail;
   constexpr int D = C::kHeadDim, BN = C::kBlockN, BM = C::kBlockM, ST = C::kStride;
-  constexpr int SD = C::kDsStride, NQ = BM / 8, DT = D / 8, T = C::kThreads;
+  constexpr int KS = C::kDimSplit, DW = D / KS;  // DW: the columns of dK / dV a warp holds
+  constexpr int SD = C::kDsStride, NQ = BM / 8, DT = DW / 8, T = C::kThreads;
   // kk loops unrolled by 2: the next slice's ldmatrix overlaps this one's mma (measured 1-4%
   // faster at d80-d128); full unrolling only adds registers, and d256 has none to spare
   constexpr int KKU = D >= 256 ? 1 : 2;
@@ -99,6 +109,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   float* const sD = sL + BM;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // kw: this warp's 16 keys; c0: its first column (dim split)
+  const int kw = warp / KS, c0 = KS > 1 ? (warp % KS) * DW : 0;
   const int g = lane >> 2, tig = lane & 3;
   const int hk = blockIdx.y, b = blockIdx.z, n0 = blockIdx.x * BN;
   const BwdRows rows = bwd_rows(p, b);
@@ -131,23 +143,31 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
 
   // ldmatrix lane addresses (see fwd_kernel.cuh): A rows of this warp; B stored [n][k];
   // B stored [k][n] (.trans); dS A stored [k][m] (.trans)
-  const int a_frag = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
-  const int b_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
+  const int a_frag = (kw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8 + c0;
+  const int b_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8 + c0;
   const int bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
   const int ds_frag = ((lane & 7) + (lane >> 4) * 8) * SD + ((lane >> 3) & 1) * 8;
-  const int key0 = n0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
+  const int key0 = n0 + kw * 16 + g;  // this thread's keys: key0, key0 + 8
+  // dim split (KS = 2): this lane's float4s in its warp's exchange slot and in the partner's
+  // (warp ^ 1; the pair meets at named barrier 1 + kw)
+  constexpr int kSlot = C::exchange_floats4(MODE);
+  [[maybe_unused]] float4* const x_mine =
+      reinterpret_cast<float4*>(smem_raw + (C::tile_bytes(MODE) + 15) / 16 * 16) + warp * kSlot + lane;
+  [[maybe_unused]] const float4* const x_peer =
+      reinterpret_cast<const float4*>(smem_raw + (C::tile_bytes(MODE) + 15) / 16 * 16) +
+      (warp ^ 1) * kSlot + lane;
   // kVRegs: the A fragments of V's 16 x D block of this warp straight from global memory, as
   // ldsm_x4 at aV + kk * 32 would give them (r: rows +0/+8, columns +0/+8 of slice kk);
   // 32-bit loads, once per CTA. Keys past sk and columns past head_dim are zeros.
-  [[maybe_unused]] uint32_t vfrag[kVRegs ? D / 16 : 1][4];
+  [[maybe_unused]] uint32_t vfrag[kVRegs ? DW / 16 : 1][4];
   if constexpr (kVRegs) {
     const __half* const vg = static_cast<const __half*>(p.v) +
                              k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
+    for (int kk = 0; kk < DW / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int key = key0 + (r & 1) * 8, col = kk * 16 + (r >> 1) * 8 + tig * 2;
+        const int key = key0 + (r & 1) * 8, col = c0 + kk * 16 + (r >> 1) * 8 + tig * 2;
         vfrag[kk][r] = key < sk && col < head_dim
                            ? __ldg(reinterpret_cast<const unsigned int*>(
                                  vg + (int64_t)key * p.v_row_stride + col))
@@ -172,7 +192,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
       // fragment bases (bytes)
       const uint32_t aK = smem_addr(sK + a_frag), aV = smem_addr(sV + a_frag);
       const uint32_t bQ = smem_addr(sQ + b_frag), bdO = smem_addr(sdO + b_frag);
-      const uint32_t tQ = smem_addr(sQ + bt_frag), tdO = smem_addr(sdO + bt_frag);
+      const uint32_t tQ = smem_addr(sQ + bt_frag + c0), tdO = smem_addr(sdO + bt_frag + c0);
 
       // ---- S^T = K Q^T, dP^T = V dO^T (each B fragment feeds one MMA pair)
       float st[NQ][4], dpt[kDk ? NQ : 1][4];
@@ -181,8 +201,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
 #pragma unroll
       for (int i = 0; i < (kDk ? NQ : 1); ++i) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
       // fully unrolled with kVRegs: vfrag[kk] must be a register, not re-loaded per tile
-#pragma unroll(kVRegs ? D / 16 : KKU)
-      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll(kVRegs ? DW / 16 : KKU)
+      for (int kk = 0; kk < DW / 16; ++kk) {
         uint32_t ak[4];
         ldsm_x4(ak, aK + kk * 32);
 #pragma unroll
@@ -210,6 +230,31 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
             mma_m16n8k8(dpt[2 * nn], av[2], av[3], bd[1]);
             mma_m16n8k8(dpt[2 * nn + 1], av[0], av[1], bd[2]);
             mma_m16n8k8(dpt[2 * nn + 1], av[2], av[3], bd[3]);
+          }
+        }
+      }
+      if constexpr (KS > 1) {
+        // S^T, dP^T = this half's partials + the partner's. A slot is rewritten next tile
+        // only after the loop's first barrier, which the partner reaches after its read.
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) {
+          x_mine[i * 32] = make_float4(st[i][0], st[i][1], st[i][2], st[i][3]);
+          if constexpr (kDk) x_mine[(NQ + i) * 32] = make_float4(dpt[i][0], dpt[i][1], dpt[i][2], dpt[i][3]);
+        }
+        named_barrier(1 + kw, 32 * KS);
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) {
+          const float4 x = x_peer[i * 32];
+          st[i][0] += x.x;
+          st[i][1] += x.y;
+          st[i][2] += x.z;
+          st[i][3] += x.w;
+          if constexpr (kDk) {
+            const float4 y = x_peer[(NQ + i) * 32];
+            dpt[i][0] += y.x;
+            dpt[i][1] += y.y;
+            dpt[i][2] += y.z;
+            dpt[i][3] += y.w;
           }
         }
       }
@@ -243,7 +288,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
           const uint32_t a3 = pack_half2(st[2 * kt + 1][2], st[2 * kt + 1][3]);
           uint32_t addr = tdO + kt * 16 * ST * 2;
 #pragma unroll
-          for (int dn = 0; dn < D / 16; ++dn) {
+          for (int dn = 0; dn < DW / 16; ++dn) {
             uint32_t bv[4];
             ldsm_x4_t(bv, addr + dn * 32);
             mma_m16n8k8(dv[2 * dn], a0, a1, bv[0]);
@@ -259,7 +304,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
           const uint32_t a3 = pack_half2(dpt[2 * kt + 1][2], dpt[2 * kt + 1][3]);
           uint32_t addr = tQ + kt * 16 * ST * 2;
 #pragma unroll
-          for (int dn = 0; dn < D / 16; ++dn) {
+          for (int dn = 0; dn < DW / 16; ++dn) {
             uint32_t bq[4];
             ldsm_x4_t(bq, addr + dn * 32);
             mma_m16n8k8(dk[2 * dn], a0, a1, bq[0]);
@@ -267,13 +312,15 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
             mma_m16n8k8(dk[2 * dn + 1], a0, a1, bq[2]);
             mma_m16n8k8(dk[2 * dn + 1], a2, a3, bq[3]);
           }
-          if (dq_atomic) {  // dS^T -> shared memory, this warp's 16 key rows
+          // dS^T -> shared memory, this warp's 16 key rows (dim split: the pair holds the
+          // same dS^T, the first warp writes it)
+          if (dq_atomic && c0 == 0) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
               const int i = 2 * kt + j;
-              *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g) * SD + i * 8 + tig * 2) =
+              *reinterpret_cast<uint32_t*>(sdS + (kw * 16 + g) * SD + i * 8 + tig * 2) =
                   pack_half2(dpt[i][0], dpt[i][1]);
-              *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8) * SD + i * 8 + tig * 2) =
+              *reinterpret_cast<uint32_t*>(sdS + (kw * 16 + g + 8) * SD + i * 8 + tig * 2) =
                   pack_half2(dpt[i][2], dpt[i][3]);
             }
           }
@@ -369,7 +416,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
                         (int64_t)key * p.dv_row_stride;
 #pragma unroll
     for (int i = 0; i < DT; ++i) {
-      const int col = i * 8 + tig * 2;
+      const int col = c0 + i * 8 + tig * 2;
       if (col >= head_dim) continue;
       if constexpr (kDk)
         *reinterpret_cast<uint32_t*>(dkr + col) =

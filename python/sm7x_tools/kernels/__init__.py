@@ -48,11 +48,12 @@ WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELNS0_10KvPrefetchE\d+ELb[01]"
                     r"(?:ELi(\d+))?(?:ELi(\d+))?EEELb([01])EEEv")
 # bwd_kernel<BwdConfig<head_dim, block_n, block_m, dq_block_m, dq_block_n, split, prefetch,
-# min_blocks, v_in_regs>, mode> and bwd_dq_kernel<BwdConfig<...>> (common/bwd_common.cuh:
-# mode 0 all, 1 dV only, 2 dK and dQ); libraries built before prefetch end the config at
-# split, those before v_in_regs at min_blocks
+# min_blocks, v_in_regs, dim_split>, mode> and bwd_dq_kernel<BwdConfig<...>>
+# (common/bwd_common.cuh: mode 0 all, 1 dV only, 2 dK and dQ); libraries built before
+# prefetch end the config at split, those before v_in_regs at min_blocks, those before
+# dim_split at v_in_regs
 BWD_KERNEL = re.compile(r"(bwd_kernel|bwd_dq_kernel)INS1_9BwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)"
-                        r"ELi(\d+)ELb([01])(?:ELb[01]ELi\d+(?:ELb[01])?)?EEE(?:Li(\d)E)?E")
+                        r"ELi(\d+)ELb([01])(?:ELb[01]ELi\d+(?:ELb[01](?:ELi(\d+))?)?)?EEE(?:Li(\d)E)?E")
 BWD_MODES = {0: "bwd", 1: "bwd dV", 2: "bwd dKdQ"}
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 
@@ -142,8 +143,9 @@ def kernel_threads(name: str) -> int:
 
 def bwd_key(name: str) -> tuple[str, int, int, int, int, bool] | None:
     """(kind, head_dim, tile rows, tile columns, threads, split) of an FA2 backward kernel's mangled
-    name: the main kernel's tile is block_n keys x block_m queries (16 keys per warp), the
-    deterministic dQ kernel's dq_block_m queries x dq_block_n keys (16 queries per warp)."""
+    name: the main kernel's tile is block_n keys x block_m queries (16 keys per warp, times
+    dim_split), the deterministic dQ kernel's dq_block_m queries x dq_block_n keys (16
+    queries per warp)."""
     m = BWD_KERNEL.search(name)
     if not m:
         return None
@@ -151,7 +153,7 @@ def bwd_key(name: str) -> tuple[str, int, int, int, int, bool] | None:
     split = m.group(7) == "1"
     if fn == "bwd_dq_kernel":
         return "bwd dQ", d, dbm, dbn, dbm // 16 * 32, split
-    return BWD_MODES[int(m.group(8) or 0)], d, bn, bm, bn // 16 * 32, split
+    return BWD_MODES[int(m.group(9) or 0)], d, bn, bm, bn // 16 * int(m.group(8) or 1) * 32, split
 
 
 def bwd_flop(kind: str, d: int, rows: int, cols: int, split: bool) -> int:
