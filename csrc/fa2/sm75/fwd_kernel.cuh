@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   using namespace detail;
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
   constexpr int MS = C::kSlices, WR = C::kWarpRows, KS = C::kDimSplit;
-  static_assert(KS == 1 || !SERVING, "dim split: prefill only (a serving warp may skip its GEMMs)");
+  static_assert(KS == 1 || !SERVING, "dim split: prefill only (the serving epilogues write whole rows)");
   static_assert(KS == 1 || BR / WR <= 15, "dim split: one named barrier per row group (ids 1..15)");
   constexpr int DW = D / KS;  // head-dim columns of Q and O this warp holds
   constexpr int NT = BC / 8;  // n8 tiles of S per slice
