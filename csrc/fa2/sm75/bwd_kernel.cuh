@@ -1,8 +1,10 @@
 // FlashAttention-2 backward kernels for Turing (sm_75): mma.m16n8k8 + ldmatrix, as the
 // forward (fwd_kernel.cuh). Algorithm and work split: common/bwd_common.cuh.
 //
-// bwd_kernel: one CTA per (BN keys, kv head, batch), warp w owning keys 16w .. 16w + 15,
-// so everything is computed transposed (keys are the MMA rows):
+// bwd_kernel: one CTA per (BN keys, kv head, batch), warp w owning keys 16w .. 16w + 15
+// (with a dim split, warps 2w and 2w + 1 own them, each half of the head dim: the
+// partial S^T / dP^T are summed through shared memory as in fwd_kernel.cuh), so
+// everything is computed transposed (keys are the MMA rows):
 //   S^T = K Q^T, dP^T = V dO^T   A = the warp's K / V rows (ldmatrix), B = Q / dO as stored
 //   P^T, dS^T                    elementwise in the accumulators (LSE, dsum per column)
 //   dV += P^T dO, dK += dS^T Q   P^T / dS^T packed to fp16 are the A fragments (as P in
@@ -43,14 +45,16 @@ struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS
     return (BN + S::v_rows(mode) + 2 * BM) * S::kStride * 2 + S::ds_rows(mode) * S::kDsStride * 2 +
            (mode == detail::kBwdDv ? 1 : 2) * BM * 4;
   }
-  // dim split: then, 16-byte aligned, one exchange slot per warp: its partial S^T (and dP^T
-  // but in the dV pass), a float4 per lane and n8 tile
+  // dim split: then, from exchange_offset (16-byte aligned), one exchange slot per warp: its
+  // partial S^T (and dP^T but in the dV pass), a float4 per lane and n8 tile
   __host__ __device__ static constexpr int exchange_floats4(int mode) {
     return KS > 1 ? (mode == detail::kBwdDv ? 1 : 2) * (BM / 8) * 32 : 0;
   }
+  __host__ __device__ static constexpr int exchange_offset(int mode) {
+    return (tile_bytes(mode) + 15) / 16 * 16;
+  }
   __host__ __device__ static constexpr int smem_bytes(int mode) {
-    return KS > 1 ? (tile_bytes(mode) + 15) / 16 * 16 + S::kWarps * exchange_floats4(mode) * 16
-                  : tile_bytes(mode);
+    return KS > 1 ? exchange_offset(mode) + S::kWarps * exchange_floats4(mode) * 16 : tile_bytes(mode);
   }
   static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);
   // Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8]
@@ -151,11 +155,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   // dim split (KS = 2): this lane's float4s in its warp's exchange slot and in the partner's
   // (warp ^ 1; the pair meets at named barrier 1 + kw)
   constexpr int kSlot = C::exchange_floats4(MODE);
-  [[maybe_unused]] float4* const x_mine =
-      reinterpret_cast<float4*>(smem_raw + (C::tile_bytes(MODE) + 15) / 16 * 16) + warp * kSlot + lane;
-  [[maybe_unused]] const float4* const x_peer =
-      reinterpret_cast<const float4*>(smem_raw + (C::tile_bytes(MODE) + 15) / 16 * 16) +
-      (warp ^ 1) * kSlot + lane;
+  float4* const x_slots = reinterpret_cast<float4*>(smem_raw + C::exchange_offset(MODE));
+  [[maybe_unused]] float4* const x_mine = x_slots + warp * kSlot + lane;
+  [[maybe_unused]] const float4* const x_peer = x_slots + (warp ^ 1) * kSlot + lane;
   // kVRegs: the A fragments of V's 16 x D block of this warp straight from global memory, as
   // ldsm_x4 at aV + kk * 32 would give them (r: rows +0/+8, columns +0/+8 of slice kk);
   // 32-bit loads, once per CTA. Keys past sk and columns past head_dim are zeros.

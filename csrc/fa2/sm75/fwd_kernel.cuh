@@ -165,10 +165,9 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   // dim split (KS = 2): this lane's float4s in its warp's exchange slot and in the
   // partner's (warp ^ 1; the pair meets at named barrier 1 + rw)
   constexpr int kSlot = MS * NT * 32;  // float4 per slot
-  [[maybe_unused]] float4* const x_mine =
-      reinterpret_cast<float4*>(smem_raw + C::kTileBytes) + (tid >> 5) * kSlot + lane;
-  [[maybe_unused]] const float4* const x_peer =
-      reinterpret_cast<const float4*>(smem_raw + C::kTileBytes) + ((tid >> 5) ^ 1) * kSlot + lane;
+  float4* const x_slots = reinterpret_cast<float4*>(smem_raw + C::kTileBytes);
+  [[maybe_unused]] float4* const x_mine = x_slots + (tid >> 5) * kSlot + lane;
+  [[maybe_unused]] const float4* const x_peer = x_slots + ((tid >> 5) ^ 1) * kSlot + lane;
 
   for (int t = t_lo; t < t_hi; ++t) {
     const int n0 = t * BC;
