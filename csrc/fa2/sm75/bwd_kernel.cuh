@@ -3,7 +3,7 @@
 //
 // bwd_kernel: one CTA per (BN keys, kv head, batch), warp w owning keys 16w .. 16w + 15
 // (with a dim split, warps 2w and 2w + 1 own them, each half of the head dim: the
-// partial S^T / dP^T are summed through shared memory as in fwd_kernel.cuh), so
+// partial S^T / dP^T are summed through shared memory, common/dim_split.cuh), so
 // everything is computed transposed (keys are the MMA rows):
 //   S^T = K Q^T, dP^T = V dO^T   A = the warp's K / V rows (ldmatrix), B = Q / dO as stored
 //   P^T, dS^T                    elementwise in the accumulators (LSE, dsum per column)
@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "common/bwd_common.cuh"
+#include "common/dim_split.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
@@ -152,12 +153,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   const int bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
   const int ds_frag = ((lane & 7) + (lane >> 4) * 8) * SD + ((lane >> 3) & 1) * 8;
   const int key0 = n0 + kw * 16 + g;  // this thread's keys: key0, key0 + 8
-  // dim split (KS = 2): this lane's float4s in its warp's exchange slot and in the partner's
-  // (warp ^ 1; the pair meets at named barrier 1 + kw)
-  constexpr int kSlot = C::exchange_floats4(MODE);
-  float4* const x_slots = reinterpret_cast<float4*>(smem_raw + C::exchange_offset(MODE));
-  [[maybe_unused]] float4* const x_mine = x_slots + warp * kSlot + lane;
-  [[maybe_unused]] const float4* const x_peer = x_slots + (warp ^ 1) * kSlot + lane;
+  // dim split (KS = 2): the exchange slots (common/dim_split.cuh), S^T then dP^T; the pair
+  // meets at named barrier 1 + kw
+  [[maybe_unused]] const PairSlots xs =
+      pair_slots(smem_raw + C::exchange_offset(MODE), warp, C::exchange_floats4(MODE), lane);
   // kVRegs: the A fragments of V's 16 x D block of this warp straight from global memory, as
   // ldsm_x4 at aV + kk * 32 would give them (r: rows +0/+8, columns +0/+8 of slice kk);
   // 32-bit loads, once per CTA. Keys past sk and columns past head_dim are zeros.
@@ -238,27 +237,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
       if constexpr (KS > 1) {
         // S^T, dP^T = this half's partials + the partner's. A slot is rewritten next tile
         // only after the loop's first barrier, which the partner reaches after its read.
-#pragma unroll
-        for (int i = 0; i < NQ; ++i) {
-          x_mine[i * 32] = make_float4(st[i][0], st[i][1], st[i][2], st[i][3]);
-          if constexpr (kDk) x_mine[(NQ + i) * 32] = make_float4(dpt[i][0], dpt[i][1], dpt[i][2], dpt[i][3]);
-        }
+        if constexpr (kDk) put_partial(xs.mine, st, dpt); else put_partial(xs.mine, st);
         named_barrier(1 + kw, 32 * KS);
-#pragma unroll
-        for (int i = 0; i < NQ; ++i) {
-          const float4 x = x_peer[i * 32];
-          st[i][0] += x.x;
-          st[i][1] += x.y;
-          st[i][2] += x.z;
-          st[i][3] += x.w;
-          if constexpr (kDk) {
-            const float4 y = x_peer[(NQ + i) * 32];
-            dpt[i][0] += y.x;
-            dpt[i][1] += y.y;
-            dpt[i][2] += y.z;
-            dpt[i][3] += y.w;
-          }
-        }
+        if constexpr (kDk) add_partial(st, dpt, xs.peer); else add_partial(st, xs.peer);
       }
 
       // ---- P^T = exp2(S^T sl2 - LSE2), dS^T = P^T (dP^T - dsum) (1 - tanh^2); element e of

@@ -19,11 +19,10 @@
 // S exchange slot per warp.
 //
 // Dim split (KS = 2, d256): a pair of warps shares 16 rows, each holding half of the
-// head dim of Q and O (64 O accumulators instead of 128, Q in registers). Each computes a
-// partial S over its half, writes it to its exchange slot, and after a pair barrier adds
-// its partner's: both then hold the same S (fp32 addition commutes) and run the same
-// softmax, and each multiplies P by its half of V. Every warp reads half of each K and V
-// tile, so a d256 tile costs a warp as much shared memory as a d128 one.
+// head dim of Q and O (64 O accumulators instead of 128, Q in registers); they sum their
+// partial S through shared memory (common/dim_split.cuh), run the same softmax, and each
+// multiplies P by its half of V. Every warp reads half of each K and V tile, so a d256
+// tile costs a warp as much shared memory as a d128 one.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -33,6 +32,7 @@
 
 #include "common/bounds.cuh"
 #include "common/config.cuh"
+#include "common/dim_split.cuh"
 #include "common/epilogue.cuh"
 #include "common/launch.cuh"
 #include "common/mask.cuh"
@@ -84,9 +84,9 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   __half* sQ = reinterpret_cast<__half*>(smem_raw);
   __half* const sK0 = C::kQInRegs ? sQ : sQ + BR * ST;  // kQInRegs: K/V reuse the Q staging
 
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // rw: the row group (WR rows) of this warp; its columns start at c0 (dim split)
-  const int rw = (tid >> 5) / KS, c0 = KS > 1 ? ((tid >> 5) % KS) * DW : 0;
+  const int rw = warp / KS, c0 = KS > 1 ? (warp % KS) * DW : 0;
   const int g = lane >> 2, tig = lane & 3;
   // Prefill: (m-block, head, batch); serving: (m-block, kv head, partition).
   const int h = blockIdx.y, b = blockIdx.z;
@@ -162,12 +162,9 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 
   const int k_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8 + c0;
   const int v_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8 + c0;
-  // dim split (KS = 2): this lane's float4s in its warp's exchange slot and in the
-  // partner's (warp ^ 1; the pair meets at named barrier 1 + rw)
-  constexpr int kSlot = MS * NT * 32;  // float4 per slot
-  float4* const x_slots = reinterpret_cast<float4*>(smem_raw + C::kTileBytes);
-  [[maybe_unused]] float4* const x_mine = x_slots + (tid >> 5) * kSlot + lane;
-  [[maybe_unused]] const float4* const x_peer = x_slots + ((tid >> 5) ^ 1) * kSlot + lane;
+  // dim split (KS = 2): the exchange slots (common/dim_split.cuh) after the tiles, MS x NT
+  // float4 per lane; the pair meets at named barrier 1 + rw
+  [[maybe_unused]] const PairSlots xs = pair_slots(smem_raw + C::kTileBytes, warp, MS * NT * 32, lane);
 
   for (int t = t_lo; t < t_hi; ++t) {
     const int n0 = t * BC;
@@ -221,21 +218,10 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       // S = this half's partial + the partner's. The slot is rewritten next tile only
       // after a CTA barrier of this one, which the partner reaches after its read.
 #pragma unroll
-      for (int ms = 0; ms < MS; ++ms)
-#pragma unroll
-        for (int i = 0; i < NT; ++i)
-          x_mine[(ms * NT + i) * 32] = make_float4(s[ms][i][0], s[ms][i][1], s[ms][i][2], s[ms][i][3]);
+      for (int ms = 0; ms < MS; ++ms) put_partial(xs.mine + ms * NT * 32, s[ms]);
       named_barrier(1 + rw, 32 * KS);
 #pragma unroll
-      for (int ms = 0; ms < MS; ++ms)
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          const float4 x = x_peer[(ms * NT + i) * 32];
-          s[ms][i][0] += x.x;
-          s[ms][i][1] += x.y;
-          s[ms][i][2] += x.z;
-          s[ms][i][3] += x.w;
-        }
+      for (int ms = 0; ms < MS; ++ms) add_partial(s[ms], xs.peer + ms * NT * 32);
     }
     // ---- softcap, masking, online softmax (fp32)
     bool rescale = false;
@@ -423,7 +409,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     if constexpr (KS > 1) {
       named_barrier(1 + rw, 32 * KS);  // both halves of the slice staged
       store_o_rows_at<C, OffsetRows, KS>(p, OffsetRows{o_off, p.o_row_stride}, sO, m0, slice,
-                                         sq, lane, (tid >> 5) % KS);
+                                         sq, lane, warp % KS);
     } else {
       __syncwarp();
       store_o_slice<C, SERVING>(p, o_off, sO, m0, slice, sq, lane);
