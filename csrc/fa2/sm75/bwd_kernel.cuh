@@ -103,6 +103,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   constexpr int KKU = D >= 256 ? 1 : 2;
   constexpr bool kDv = MODE != kBwdDkDq, kDk = MODE != kBwdDv;
   constexpr bool kVRegs = C::kVInRegs && kDk;  // V as A fragments in registers, no sV
+  // the dV pass of such a config holds K the same way (S^T = K Q^T is its only use of K)
+  constexpr bool kKRegs = C::kVInRegs && MODE == kBwdDv;
+  constexpr bool kARegs = kVRegs || kKRegs;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // the layout of BwdConfig::smem_bytes(MODE) (the dV pass has no sD either)
   __half* const sK = reinterpret_cast<__half*>(smem_raw);
@@ -157,21 +160,26 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
   // meets at named barrier 1 + kw
   [[maybe_unused]] const PairSlots xs =
       pair_slots(smem_raw + C::exchange_offset(MODE), warp, C::exchange_floats4(MODE), lane);
-  // kVRegs: the A fragments of V's 16 x D block of this warp straight from global memory, as
-  // ldsm_x4 at aV + kk * 32 would give them (r: rows +0/+8, columns +0/+8 of slice kk);
-  // 32-bit loads, once per CTA. Keys past sk and columns past head_dim are zeros.
-  [[maybe_unused]] uint32_t vfrag[kVRegs ? DW / 16 : 1][4];
-  if constexpr (kVRegs) {
-    const __half* const vg = static_cast<const __half*>(p.v) +
-                             k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  // kARegs: the A fragments of V's (kVRegs) or K's (kKRegs) 16 x D block of this warp
+  // straight from global memory, as ldsm_x4 at aV / aK + kk * 32 would give them (r: rows
+  // +0/+8, columns +0/+8 of slice kk); 32-bit loads, once per CTA. Keys past sk and columns
+  // past head_dim are zeros.
+  [[maybe_unused]] uint32_t afrag[kARegs ? DW / 16 : 1][4];
+  if constexpr (kARegs) {
+    const __half* const ag =
+        kKRegs ? static_cast<const __half*>(p.k) +
+                     k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride)
+               : static_cast<const __half*>(p.v) +
+                     k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    const int64_t a_stride = kKRegs ? p.k_row_stride : p.v_row_stride;
 #pragma unroll
     for (int kk = 0; kk < DW / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int key = key0 + (r & 1) * 8, col = c0 + kk * 16 + (r >> 1) * 8 + tig * 2;
-        vfrag[kk][r] = key < sk && col < head_dim
+        afrag[kk][r] = key < sk && col < head_dim
                            ? __ldg(reinterpret_cast<const unsigned int*>(
-                                 vg + (int64_t)key * p.v_row_stride + col))
+                                 ag + (int64_t)key * a_stride + col))
                            : 0u;
       }
   }
@@ -201,11 +209,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
       for (int i = 0; i < NQ; ++i) st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.f;
 #pragma unroll
       for (int i = 0; i < (kDk ? NQ : 1); ++i) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
-      // fully unrolled with kVRegs: vfrag[kk] must be a register, not re-loaded per tile
-#pragma unroll(kVRegs ? DW / 16 : KKU)
+      // fully unrolled with kARegs: afrag[kk] must be a register, not re-loaded per tile
+#pragma unroll(kARegs ? DW / 16 : KKU)
       for (int kk = 0; kk < DW / 16; ++kk) {
         uint32_t ak[4];
-        ldsm_x4(ak, aK + kk * 32);
+        if constexpr (kKRegs) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) ak[r] = afrag[kk][r];
+        } else {
+          ldsm_x4(ak, aK + kk * 32);
+        }
 #pragma unroll
         for (int nn = 0; nn < BM / 16; ++nn) {
           uint32_t bq[4];
@@ -219,7 +232,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
           uint32_t av[4];
           if constexpr (kVRegs) {
 #pragma unroll
-            for (int r = 0; r < 4; ++r) av[r] = vfrag[kk][r];
+            for (int r = 0; r < 4; ++r) av[r] = afrag[kk][r];
           } else {
             ldsm_x4(av, aV + kk * 32);
           }
