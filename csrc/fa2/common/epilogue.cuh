@@ -45,7 +45,7 @@ __device__ __forceinline__ void out_offsets(const FwdParams& p, int b, int h, in
 // The 16 rows of m16 slice `slice` of the CTA (warp * kSlices + the warp's slice),
 // staged fp16 [16][C::kStride] at sO, to the output rows m0 + 16 slice + 0..15 of the
 // `rows` rows; row_offset(grow) is the element offset of row
-// grow in p.o (the serving kernels' packed GQA rows; store_o_rows: o_off + grow * stride).
+// grow in p.o (the serving kernels' packed GQA rows, OutRows; prefill: OffsetRows).
 // 128-bit stores; rows past `rows` and chunks past the real head dim are skipped. PARTS
 // warps that staged one slice together (a dim split) each store part `part` of its chunks.
 template <class C, class RowOffset, int PARTS = 1>
@@ -74,12 +74,6 @@ struct OffsetRows {
   int64_t base, stride;
   __device__ __forceinline__ int64_t operator()(int r) const { return base + (int64_t)r * stride; }
 };
-
-template <class C>
-__device__ __forceinline__ void store_o_rows(const FwdParams& p, int64_t o_off, const __half* sO,
-                                             int m0, int slice, int sq, int lane) {
-  store_o_rows_at<C>(p, OffsetRows{o_off, p.o_row_stride}, sO, m0, slice, sq, lane);
-}
 
 }  // namespace detail
 }  // namespace fa2

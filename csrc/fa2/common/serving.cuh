@@ -155,15 +155,18 @@ struct OutRows {
 };
 
 // The 16 staged O rows of m16 slice `slice` (sO) to the output: packed GQA rows through
-// OutRows in the serving instantiation, plain rows at o_off (store_o_rows) in prefill.
+// OutRows in the serving instantiation, plain rows at o_off in prefill. With a dim split
+// the C::kDimSplit warps that staged the slice each store part `part` of it.
 template <class C, bool SERVING>
 __device__ __forceinline__ void store_o_slice(const FwdParams& p, int64_t o_off, const __half* sO,
-                                              int m0, int slice, int sq, int lane) {
+                                              int m0, int slice, int sq, int lane, int part = 0) {
+  constexpr int KS = C::kDimSplit;
   if constexpr (SERVING)
-    store_o_rows_at<C>(p, OutRows{o_off, p.group, p.o_row_stride, p.o_head_stride}, sO, m0,
-                       slice, sq, lane);
+    store_o_rows_at<C, OutRows, KS>(p, OutRows{o_off, p.group, p.o_row_stride, p.o_head_stride},
+                                    sO, m0, slice, sq, lane, part);
   else
-    store_o_rows<C>(p, o_off, sO, m0, slice, sq, lane);
+    store_o_rows_at<C, OffsetRows, KS>(p, OffsetRows{o_off, p.o_row_stride}, sO, m0, slice, sq,
+                                       lane, part);
 }
 
 // Key tiles of rows with tokens [first_tok, last_tok] inside the partition [kv_lo, kv_hi),

@@ -406,14 +406,11 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       *reinterpret_cast<uint32_t*>(sO + (g + 8) * ST + c0 + i * 8 + tig * 2) =
           pack_half2(o[ms][i][2], o[ms][i][3]);
     }
-    if constexpr (KS > 1) {
+    if constexpr (KS > 1)
       named_barrier(1 + rw, 32 * KS);  // both halves of the slice staged
-      store_o_rows_at<C, OffsetRows, KS>(p, OffsetRows{o_off, p.o_row_stride}, sO, m0, slice,
-                                         sq, lane, warp % KS);
-    } else {
+    else
       __syncwarp();
-      store_o_slice<C, SERVING>(p, o_off, sO, m0, slice, sq, lane);
-    }
+    store_o_slice<C, SERVING>(p, o_off, sO, m0, slice, sq, lane, warp % KS);
   }
 }
 
