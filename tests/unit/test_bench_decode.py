@@ -37,6 +37,8 @@ def test_parse_args_defaults_quick_and_overrides():
     assert a.prefill_batches == [1, 4]
     assert (a.iters, a.repeats, a.budget, a.page_size, a.num_splits) == (20, 10, 0.4, 16, 0)
     assert a.out is None and a.plot is None
+    assert a.shape == D.Shape(32, 8, 128) == D.DEFAULT_SHAPE and str(a.shape) == "32/8/128"
+    assert D.parse_args(["--shape", "16/8/256"]).shape == D.Shape(16, 8, 256)
 
     q = D.parse_args(["--quick"])
     assert q.batches == [1, 16] and q.lens == [1024, 32768] and q.prefill_batches == [1]
@@ -51,11 +53,21 @@ def test_parse_args_defaults_quick_and_overrides():
 
 
 @pytest.mark.parametrize("argv", [["--lens", "abc"], ["--page-size", "12"], ["--budget", "0"],
-                                  ["--budget", "1.5"], ["--iters", "0"], ["--batches", ""]])
+                                  ["--budget", "1.5"], ["--iters", "0"], ["--batches", ""],
+                                  ["--shape", "32/8"], ["--shape", "32/5/128"],
+                                  ["--shape", "8/8/260"], ["--shape", "a/b/c"]])
 def test_parse_args_rejects(argv, capsys):
     with pytest.raises(SystemExit) as e:
         D.parse_args(argv)
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("text, why", [("32/8", "HEADS/KV_HEADS/HEAD_DIM"),
+                                       ("32/5/128", "must divide"), ("8/8/100", "multiple of 8"),
+                                       ("8/8/264", "8..256"), ("0/0/64", "must divide")])
+def test_parse_shape_says_what_is_wrong(text, why):
+    with pytest.raises(ValueError, match=why):
+        D.parse_shape(text)
 
 
 def test_cli_help_and_registry():
@@ -186,7 +198,8 @@ def test_draw(tmp_path):
     rows.append({"batch": 64, "kv_len": 131072, "skipped": "big"})
     pre = [{"batch": 1, "sm7x_tflops": 100.0, "sdpa_efficient_tflops": 50.0,
             "sdpa_efficient_lr_tflops": None, "sdpa_flash_lr_tflops": 120.0}]
-    result = {"device": "X", "forced": None, "config": {"page_size": 16}, "results": rows,
+    result = {"device": "X", "forced": None, "results": rows,
+              "config": {"page_size": 16, "heads": 16, "kv_heads": 8, "head_dim": 256},
               "prefill": pre, "copy": {"gbps": 4000.0}}
     png = tmp_path / "d.png"
     _output.write(result, str(tmp_path / "d.json"), str(png), D.draw)
@@ -200,9 +213,10 @@ def test_draw(tmp_path):
 def test_paged_inputs_hold_the_contiguous_keys():
     gen = torch.Generator().manual_seed(1)
     batch, kv_len, page = 3, 40, 16  # not a multiple of the page size
-    k_c, v_c, k_p, v_p, bt, seqused = D._paged_inputs(batch, kv_len, page, gen, "cpu")
-    assert k_c.shape == (batch, D.KV_HEADS, kv_len, D.HEAD_DIM)
-    assert k_p.shape == (batch * 3, page, D.KV_HEADS, D.HEAD_DIM) and bt.shape == (batch, 3)
+    shape = D.Shape(4, 2, 64)
+    k_c, v_c, k_p, v_p, bt, seqused = D._paged_inputs(batch, kv_len, page, gen, "cpu", shape)
+    assert k_c.shape == (batch, 2, kv_len, 64)
+    assert k_p.shape == (batch * 3, page, 2, 64) and bt.shape == (batch, 3)
     assert bt.dtype == torch.int32 and seqused.tolist() == [kv_len] * batch
     assert sorted(bt.flatten().tolist()) == list(range(batch * 3))
     assert bt.flatten().tolist() != list(range(batch * 3))  # permuted (seeded)
@@ -219,7 +233,7 @@ def test_references_agree_with_sdpa():
     b, sq, sk = 2, 5, 24
     q = torch.randn(b, D.HEADS, sq, D.HEAD_DIM, generator=gen)
     k, v = (torch.randn(b, D.KV_HEADS, sk, D.HEAD_DIM, generator=gen) for _ in range(2))
-    ke, ve = D._expand(k), D._expand(v)
+    ke, ve = D._expand(k, D.DEFAULT_SHAPE), D._expand(v, D.DEFAULT_SHAPE)
     mask = D._bottom_right_mask(sq, sk, "cpu")
     sdpa = torch.nn.functional.scaled_dot_product_attention
     torch.testing.assert_close(D._reference(q, k, v, causal=True),
@@ -289,7 +303,7 @@ def _args(**kw):
     import argparse
 
     return argparse.Namespace(**dict(dict(iters=1, repeats=1, budget=0.4, page_size=16,
-                                          num_splits=0), **kw))
+                                          num_splits=0, shape=D.DEFAULT_SHAPE), **kw))
 
 
 def test_decode_row_on_cpu(fake_api):
@@ -314,6 +328,20 @@ def test_decode_row_on_cpu(fake_api):
     assert "budget" in big["skipped"] and "sm7x_gbps" not in big
 
 
+def test_decode_row_at_another_shape(fake_api):
+    """--shape reaches every tensor, the plan and the byte count (Gemma-2 9B: 16/8/256)."""
+    flash = D.probe_sdpa("sdpa_flash", "decode", "cpu", D.Shape(16, 8, 256))
+    if flash["gqa"] is None:
+        pytest.skip(f"no CPU SDPA flash kernel here: {flash['note']}")
+    shape = D.Shape(16, 8, 256)
+    gen = torch.Generator().manual_seed(6)
+    row = D._decode_row(2, 40, _args(shape=shape), {"sdpa_flash": flash}, 10 * GiB, gen, "cpu", 0)
+    assert fake_api == [("plan", 2, 1, 40, 16, 8, 256)]
+    assert row["useful_bytes"] == D.useful_bytes(2, 40, shape=shape) != D.useful_bytes(2, 40)
+    assert row["useful_bytes"] == 2 * 40 * 8 * 256 * 2 * 2 + 2 * 2 * 16 * 256 * 2
+    assert row["max_abs_diff"] < 1e-2 and row["sm7x_gbps"] > 0 and not row["notes"]
+
+
 def test_decode_row_records_a_failing_sm7x(fake_api, monkeypatch):
     def broken(*a, **kw):
         raise RuntimeError("kernel not built\nmore")
@@ -328,8 +356,9 @@ def test_decode_row_records_a_failing_sm7x(fake_api, monkeypatch):
     assert any("sm7x did not run" in w for w in result["warnings"])
 
 
-def test_prefill_row_on_cpu(fake_api, monkeypatch):
-    lr = D.probe_sdpa("sdpa_flash", "lr", "cpu")
+@pytest.mark.parametrize("shape", [D.DEFAULT_SHAPE, D.Shape(16, 8, 256)])
+def test_prefill_row_on_cpu(fake_api, monkeypatch, shape):
+    lr = D.probe_sdpa("sdpa_flash", "lr", "cpu", shape)
     if lr["gqa"] is None:
         pytest.skip(f"no CPU SDPA flash kernel with causal_lower_right here: {lr['note']}")
     # No memory-efficient kernel on CPU: run the explicit-mask baseline on the math one.
@@ -342,9 +371,9 @@ def test_prefill_row_on_cpu(fake_api, monkeypatch):
     baselines = {"sdpa_efficient": {"gqa": "expanded"}, "sdpa_efficient_lr": {"gqa": None},
                  "sdpa_flash_lr": lr}
     gen = torch.Generator().manual_seed(5)
-    row = D._prefill_row(2, _args(), baselines, 10 * GiB, gen, "cpu")
-    assert fake_api == [("plan", 2, 32, 128, 32, 8, 128)]
-    assert row["flops"] == D.prefill_flops(2, 32, 96)
+    row = D._prefill_row(2, _args(shape=shape), baselines, 10 * GiB, gen, "cpu")
+    assert fake_api == [("plan", 2, 32, 128, shape.heads, shape.kv_heads, shape.head_dim)]
+    assert row["flops"] == D.prefill_flops(2, 32, 96, shape.heads, shape.head_dim)
     assert row["sm7x_tflops"] > 0 and row["sdpa_efficient_tflops"] > 0
     assert row["sdpa_flash_lr_tflops"] > 0 and row["sdpa_efficient_lr_tflops"] is None
     assert row["max_abs_diff"] < 1e-2, row["max_abs_diff_vs"]

@@ -1,10 +1,11 @@
 """sm7x paged decode (split-KV) against torch SDPA's flash and memory-efficient backends.
 
 ``[SM7X_FA2_FORCE=sm75] python -m sm7x.bench decode [--out decode.json] [--plot decode.png]
-[--batches 1,8,16,64] [--lens 1k,2k,...,128k] [--quick]``
+[--batches 1,8,16,64] [--lens 1k,2k,...,128k] [--shape 32/8/128] [--quick]``
 
-Decode: fp16, head dim 128, GQA 32 query heads / 8 KV heads, one query token per
-sequence, every sequence of a batch ``kv_len`` keys long. sm7x reads a vLLM-style paged
+Decode: fp16, head dim 128, GQA 32 query heads / 8 KV heads (the numbers below; ``--shape
+H/HK/D`` sets others, e.g. 16/8/256), one query token per sequence, every sequence of a
+batch ``kv_len`` keys long. sm7x reads a vLLM-style paged
 cache (``[num_pages, 16, 8, 128]``, the pages of the block table a random permutation, so
 no sequence is contiguous in memory) through ``flash_attn_varlen_func(..., block_table=,
 seqused_k=, out=, scheduler_metadata=plan_decode(...))``; the baselines read a contiguous
@@ -48,6 +49,7 @@ import os
 import platform
 import sys
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -55,7 +57,7 @@ import torch
 from . import _output
 from .core import _copy_fn, _time
 
-HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16
+HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16  # the default --shape
 ELEM = 2  # fp16 bytes
 DEFAULT_BATCHES = (1, 8, 16, 64)
 DEFAULT_LENS = tuple(1024 << i for i in range(8))  # 1k .. 128k
@@ -74,6 +76,44 @@ PREFILL_BASELINES = ("sdpa_efficient", "sdpa_efficient_lr", "sdpa_flash_lr")
 
 # ---------------------------------------------------------------------------------------
 # Arithmetic (no GPU).
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Query heads, KV heads and head dim of every call (``--shape H/HK/D``)."""
+
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    head_dim: int = HEAD_DIM
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    def __str__(self) -> str:
+        return f"{self.heads}/{self.kv_heads}/{self.head_dim}"
+
+
+DEFAULT_SHAPE = Shape()
+
+
+def parse_shape(text: str) -> Shape:
+    """``"H/HK/D"`` -> Shape; ValueError saying what is wrong (HK must divide H; D a multiple
+    of targets.json's fa2.head_dim_multiple up to its fa2.max_head_dim, what the kernels take)."""
+    from .. import _targets
+
+    parts = text.strip().split("/")
+    try:
+        heads, kv_heads, head_dim = (int(x) for x in parts)
+    except ValueError:
+        raise ValueError(f"--shape {text!r}: want HEADS/KV_HEADS/HEAD_DIM, e.g. 32/8/128") from None
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"--shape {text!r}: KV heads ({kv_heads}) must divide query heads ({heads})")
+    step, top = _targets.fa2_head_dim_multiple(), _targets.fa2_max_head_dim()
+    if not (step <= head_dim <= top and head_dim % step == 0):
+        raise ValueError(f"--shape {text!r}: head dim {head_dim} must be a multiple of {step} "
+                         f"in {step}..{top}")
+    return Shape(heads, kv_heads, head_dim)
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -110,8 +150,9 @@ def qo_bytes(q_tokens: int, heads: int = HEADS, head_dim: int = HEAD_DIM) -> int
     return 2 * q_tokens * heads * head_dim * ELEM
 
 
-def useful_bytes(batch: int, kv_len: int, q_per_seq: int = 1) -> int:
-    return kv_bytes(batch, kv_len) + qo_bytes(batch * q_per_seq)
+def useful_bytes(batch: int, kv_len: int, q_per_seq: int = 1, shape: Shape = DEFAULT_SHAPE) -> int:
+    return (kv_bytes(batch, kv_len, shape.kv_heads, shape.head_dim)
+            + qo_bytes(batch * q_per_seq, shape.heads, shape.head_dim))
 
 
 def gbps(nbytes: int, seconds: float | None) -> float | None:
@@ -395,7 +436,7 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
-def probe_sdpa(name: str, kind: str, dev) -> dict:
+def probe_sdpa(name: str, kind: str, dev, shape: Shape = DEFAULT_SHAPE) -> dict:
     """Whether SDPA backend `name` runs call `kind` on GQA inputs, and how: {"gqa":
     "enable_gqa" | "expanded" | None, "note": why not / what}. Checked on a small shape
     against an fp32 reference, so a path that runs but answers wrong counts as not running."""
@@ -403,16 +444,17 @@ def probe_sdpa(name: str, kind: str, dev) -> dict:
 
     b, sq, sk = 2, (1 if kind == "decode" else 16), 80
     gen = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(b, HEADS, sq, HEAD_DIM, device=dev, dtype=torch.float16, generator=gen)
-    k, v = (torch.randn(b, KV_HEADS, sk, HEAD_DIM, device=dev, dtype=torch.float16, generator=gen)
-            for _ in range(2))
+    q = torch.randn(b, shape.heads, sq, shape.head_dim, device=dev, dtype=torch.float16,
+                    generator=gen)
+    k, v = (torch.randn(b, shape.kv_heads, sk, shape.head_dim, device=dev, dtype=torch.float16,
+                        generator=gen) for _ in range(2))
     ref = _reference(q, k, v, causal=kind != "decode")
     mask = _bottom_right_mask(sq, sk, dev) if kind == "mask" else None
     lr = _causal_lr(sq, sk) if kind == "lr" else None
     reasons = []
     for mode in ("enable_gqa", "expanded"):
         kk, vv = (k, v) if mode == "enable_gqa" else (
-            k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1))
+            _expand(k, shape), _expand(v, shape))
         with warnings.catch_warnings(record=True) as caught, sdpa_kernel(_backend(name)):
             warnings.simplefilter("always")
             try:
@@ -479,11 +521,12 @@ def _fill_paged(contig: torch.Tensor, block_table: torch.Tensor, page_size: int)
     return paged
 
 
-def _paged_inputs(batch: int, kv_len: int, page_size: int, gen: torch.Generator, dev):
+def _paged_inputs(batch: int, kv_len: int, page_size: int, gen: torch.Generator, dev,
+                  shape: Shape):
     """Contiguous K/V for SDPA, the same keys in a paged cache for sm7x (random page
     permutation), the block table and seqused_k."""
-    k_c, v_c = (torch.randn(batch, KV_HEADS, kv_len, HEAD_DIM, device=dev, dtype=torch.float16,
-                            generator=gen) for _ in range(2))
+    k_c, v_c = (torch.randn(batch, shape.kv_heads, kv_len, shape.head_dim, device=dev,
+                            dtype=torch.float16, generator=gen) for _ in range(2))
     nblk = num_pages(kv_len, page_size)
     block_table = torch.randperm(batch * nblk, device=dev, generator=gen).to(torch.int32)
     block_table = block_table.view(batch, nblk).contiguous()
@@ -492,16 +535,17 @@ def _paged_inputs(batch: int, kv_len: int, page_size: int, gen: torch.Generator,
     return k_c, v_c, k_p, v_p, block_table, seqused
 
 
-def _expand(t: torch.Tensor) -> torch.Tensor:
-    return t.repeat_interleave(HEADS // KV_HEADS, dim=1)
+def _expand(t: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """[b, HK, ...] -> [b, H, ...]: each KV head repeated for its query heads."""
+    return t.repeat_interleave(shape.group, dim=1)
 
 
-def _make_plan(batch, q_len, kv_len, dev, num_splits, notes):
+def _make_plan(batch, q_len, kv_len, dev, num_splits, notes, shape: Shape):
     from ..fa2 import plan_decode
 
     try:
-        return plan_decode(batch, q_len, kv_len, HEADS, KV_HEADS, HEAD_DIM, device=dev,
-                           num_splits=num_splits)
+        return plan_decode(batch, q_len, kv_len, shape.heads, shape.kv_heads, shape.head_dim,
+                           device=dev, num_splits=num_splits)
     except Exception as e:  # noqa: BLE001
         notes.append(f"plan_decode failed, sm7x runs without a plan: {_first_line(e)}")
         return None
@@ -513,12 +557,14 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
     from ..fa2 import flash_attn_varlen_func
 
     notes: list[str] = []
-    nbytes = useful_bytes(batch, kv_len)
-    row: dict = {"batch": batch, "kv_len": kv_len, "kv_mbytes": kv_bytes(batch, kv_len) / 1e6,
-                 "useful_bytes": nbytes}
+    sh = a.shape
+    heads_dims = dict(heads=sh.heads, kv_heads=sh.kv_heads, head_dim=sh.head_dim)
+    nbytes = useful_bytes(batch, kv_len, shape=sh)
+    kvb = kv_bytes(batch, kv_len, sh.kv_heads, sh.head_dim)
+    row: dict = {"batch": batch, "kv_len": kv_len, "kv_mbytes": kvb / 1e6, "useful_bytes": nbytes}
     need_exp = any(b["gqa"] == "expanded" for b in baselines.values())
-    base = cache_bytes(batch, kv_len, a.page_size, expanded=False)
-    full = cache_bytes(batch, kv_len, a.page_size, expanded=need_exp)
+    base = cache_bytes(batch, kv_len, a.page_size, expanded=False, **heads_dims)
+    full = cache_bytes(batch, kv_len, a.page_size, expanded=need_exp, **heads_dims)
     budget = a.budget * free
     row["cache_gb"] = full["total"] / 1e9
     if not fits_budget(base["total"], free, a.budget):
@@ -528,14 +574,14 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
         return row
     use_exp = need_exp and fits_budget(full["total"], free, a.budget)
     if need_exp and not use_exp:
-        notes.append(f"K/V expanded to {HEADS} heads would need {full['total'] / 1e9:.1f} GB > "
+        notes.append(f"K/V expanded to {sh.heads} heads would need {full['total'] / 1e9:.1f} GB > "
                      f"budget {budget / 1e9:.1f} GB: the baselines that need it are skipped")
 
-    k_c, v_c, k_p, v_p, bt, seqused = _paged_inputs(batch, kv_len, a.page_size, gen, dev)
-    q = torch.randn(batch, HEADS, HEAD_DIM, device=dev, dtype=torch.float16, generator=gen)
+    k_c, v_c, k_p, v_p, bt, seqused = _paged_inputs(batch, kv_len, a.page_size, gen, dev, sh)
+    q = torch.randn(batch, sh.heads, sh.head_dim, device=dev, dtype=torch.float16, generator=gen)
     cu_q = torch.arange(batch + 1, device=dev, dtype=torch.int32)
     out = torch.empty_like(q)
-    plan = _make_plan(batch, 1, kv_len, dev, a.num_splits, notes)
+    plan = _make_plan(batch, 1, kv_len, dev, a.num_splits, notes, sh)
     row["num_splits"], row["num_splits_attr"] = plan_splits(plan)
     for attr in ("total_splits", "waves"):  # DecodePlan's, where it has them
         v = getattr(plan, attr, None)
@@ -572,7 +618,7 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
                                            causal=True, num_splits=0)
 
         o = kvc()
-        diffs["sm7x_kvcache"] = _max_diff(o.reshape(batch, HEADS, HEAD_DIM), ref)
+        diffs["sm7x_kvcache"] = _max_diff(o.reshape(batch, sh.heads, sh.head_dim), ref)
         times["sm7x_kvcache_eager"] = _timed("flash_attn_with_kvcache", kvc, a.iters, a.repeats,
                                              False, notes)
     except Exception as e:  # noqa: BLE001
@@ -586,7 +632,7 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
             row[f"{name}_gqa"] = None
             continue
         if b["gqa"] == "expanded" and k_e is None:
-            k_e, v_e = _expand(k_c), _expand(v_c)  # outside the timed region
+            k_e, v_e = _expand(k_c, sh), _expand(v_c, sh)  # outside the timed region
         kk, vv = (k_c, v_c) if b["gqa"] == "enable_gqa" else (k_e, v_e)
         gqa = b["gqa"] == "enable_gqa"
 
@@ -615,7 +661,7 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
     sdpa_diffs = [d for n, d in diffs.items() if n in baselines and d is not None]
     row["max_abs_diff_vs"] = diffs
     row["max_abs_diff"] = max(sdpa_diffs) if sdpa_diffs else diffs.get("torch_matmul")
-    row["l2_resident"] = bool(l2_bytes and kv_bytes(batch, kv_len) < l2_bytes)
+    row["l2_resident"] = bool(l2_bytes and kvb < l2_bytes)
     row["notes"] = notes
     return row
 
@@ -628,18 +674,21 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
     new, prefix = PREFILL_NEW, PREFILL_PREFIX
     lk = prefix + new
     notes: list[str] = []
-    flops = prefill_flops(batch, new, prefix)
+    sh = a.shape
+    flops = prefill_flops(batch, new, prefix, sh.heads, sh.head_dim)
     row: dict = {"batch": batch, "q_len": new, "prefix": prefix, "kv_len": lk, "flops": flops}
     need_exp = any(b["gqa"] == "expanded" for b in baselines.values())
-    need = cache_bytes(batch, lk, a.page_size, expanded=need_exp)["total"]
+    need = cache_bytes(batch, lk, a.page_size, expanded=need_exp, heads=sh.heads,
+                       kv_heads=sh.kv_heads, head_dim=sh.head_dim)["total"]
     if not fits_budget(need, free, a.budget):
         row["skipped"] = f"caches need {need / 1e9:.1f} GB > budget {a.budget * free / 1e9:.1f} GB"
         return row
-    k_c, v_c, k_p, v_p, bt, seqused = _paged_inputs(batch, lk, a.page_size, gen, dev)
-    q = torch.randn(batch * new, HEADS, HEAD_DIM, device=dev, dtype=torch.float16, generator=gen)
+    k_c, v_c, k_p, v_p, bt, seqused = _paged_inputs(batch, lk, a.page_size, gen, dev, sh)
+    q = torch.randn(batch * new, sh.heads, sh.head_dim, device=dev, dtype=torch.float16,
+                    generator=gen)
     cu_q = torch.arange(batch + 1, device=dev, dtype=torch.int32) * new
     out = torch.empty_like(q)
-    plan = _make_plan(batch, new, lk, dev, a.num_splits, notes)
+    plan = _make_plan(batch, new, lk, dev, a.num_splits, notes, sh)
     row["num_splits"], row["num_splits_attr"] = plan_splits(plan)
 
     def sm7x():
@@ -661,7 +710,7 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
     except Exception as e:  # noqa: BLE001
         notes.append(f"sm7x failed: {_first_line(e)}")
 
-    qs = q.view(batch, new, HEADS, HEAD_DIM).transpose(1, 2)  # [b, H, new, D]
+    qs = q.view(batch, new, sh.heads, sh.head_dim).transpose(1, 2)  # [b, H, new, D]
     mask = _bottom_right_mask(new, lk, dev)
     lr = _causal_lr(new, lk)
     diffs: dict[str, float] = {}
@@ -672,7 +721,7 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
         if b["gqa"] is None:
             continue
         if b["gqa"] == "expanded" and k_e is None:
-            k_e, v_e = _expand(k_c), _expand(v_c)
+            k_e, v_e = _expand(k_c, sh), _expand(v_c, sh)
         kk, vv = (k_c, v_c) if b["gqa"] == "enable_gqa" else (k_e, v_e)
         kind = "mask" if name == "sdpa_efficient" else "lr"
 
@@ -681,7 +730,7 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
 
         with sdpa_kernel(_backend(name)):
             try:
-                o = call().transpose(1, 2).reshape(batch * new, HEADS, HEAD_DIM)
+                o = call().transpose(1, 2).reshape(batch * new, sh.heads, sh.head_dim)
                 outs[name] = o
                 if ours is not None:
                     diffs[name] = _max_diff(ours, o)
@@ -719,7 +768,8 @@ def _copy_bandwidth(nbytes: int, iters: int, repeats: int) -> float:
 
 def run(batches=DEFAULT_BATCHES, lens=DEFAULT_LENS, prefill_batches=DEFAULT_PREFILL_BATCHES,
         iters: int = 20, repeats: int = 10, budget: float = 0.4, page_size: int = PAGE_SIZE,
-        num_splits: int = 0, seed: int = 0, result: dict | None = None) -> dict:
+        num_splits: int = 0, seed: int = 0, result: dict | None = None,
+        shape: Shape = DEFAULT_SHAPE) -> dict:
     """Fills and returns `result` (pass a dict to keep what was measured when a later step
     raises)."""
     import argparse
@@ -727,7 +777,7 @@ def run(batches=DEFAULT_BATCHES, lens=DEFAULT_LENS, prefill_batches=DEFAULT_PREF
     from ..fa2 import _loader
 
     a = argparse.Namespace(iters=iters, repeats=repeats, budget=budget, page_size=page_size,
-                           num_splits=num_splits)
+                           num_splits=num_splits, shape=shape)
     dev = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", 0) or 0
@@ -747,7 +797,8 @@ def run(batches=DEFAULT_BATCHES, lens=DEFAULT_LENS, prefill_batches=DEFAULT_PREF
         "python": platform.python_version(),
         "forced": os.environ.get("SM7X_FA2_FORCE"),
         "library": None,
-        "config": {"dtype": "float16", "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+        "config": {"dtype": "float16", "heads": shape.heads, "kv_heads": shape.kv_heads,
+                   "head_dim": shape.head_dim,
                    "page_size": page_size, "page_order": "random permutation",
                    "batches": list(batches), "kv_lens": list(lens),
                    "prefill": {"batches": list(prefill_batches), "q_len": PREFILL_NEW,
@@ -770,10 +821,10 @@ def run(batches=DEFAULT_BATCHES, lens=DEFAULT_LENS, prefill_batches=DEFAULT_PREF
     print(f"copy bandwidth {result['copy']['gbps']:.0f} GB/s", flush=True)
 
     result["baselines"] = {
-        "decode": {n: probe_sdpa(n, "decode", dev) for n in DECODE_BASELINES},
-        "prefill": {"sdpa_efficient": probe_sdpa("sdpa_efficient", "mask", dev),
-                    "sdpa_efficient_lr": probe_sdpa("sdpa_efficient", "lr", dev),
-                    "sdpa_flash_lr": probe_sdpa("sdpa_flash", "lr", dev)},
+        "decode": {n: probe_sdpa(n, "decode", dev, shape) for n in DECODE_BASELINES},
+        "prefill": {"sdpa_efficient": probe_sdpa("sdpa_efficient", "mask", dev, shape),
+                    "sdpa_efficient_lr": probe_sdpa("sdpa_efficient", "lr", dev, shape),
+                    "sdpa_flash_lr": probe_sdpa("sdpa_flash", "lr", dev, shape)},
     }
     for kind, bl in result["baselines"].items():
         for n, b in bl.items():
@@ -887,8 +938,10 @@ def draw(result: dict, plt):
         ax.set_title(f"chunked prefill {PREFILL_NEW} q / {PREFILL_PREFIX // 1024}k prefix")
         ax.set_ylabel("TFLOP/s")
     forced = f", SM7X_FA2_FORCE={result['forced']}" if result.get("forced") else ""
+    cfg = result["config"]
     fig.suptitle(f"sm7x paged decode vs SDPA, {result['device']}{forced}, fp16, "
-                 f"{HEADS}/{KV_HEADS} heads, d{HEAD_DIM}, page {result['config']['page_size']}")
+                 f"{cfg['heads']}/{cfg['kv_heads']} heads, d{cfg['head_dim']}, "
+                 f"page {cfg['page_size']}")
     return fig
 
 
@@ -916,6 +969,9 @@ def parse_args(argv: list[str]):
                    help="skip sizes whose caches need more than this fraction of the free GPU "
                    "memory (default: %(default)s)")
     p.add_argument("--page-size", type=int, default=PAGE_SIZE, help="default: %(default)s")
+    p.add_argument("--shape", default=str(DEFAULT_SHAPE),
+                   help="QUERY_HEADS/KV_HEADS/HEAD_DIM of every call (default: %(default)s; "
+                   "e.g. 16/8/256 for Gemma-2 9B)")
     p.add_argument("--num-splits", type=int, default=0,
                    help="plan_decode(num_splits=): 0 = the planner decides (default), 1 = no "
                    "split, n = at most n splits per sequence")
@@ -932,6 +988,7 @@ def parse_args(argv: list[str]):
             a.prefill_batches = []
         else:
             a.prefill_batches = parse_sizes(a.prefill_batches)
+        a.shape = parse_shape(a.shape)
     except ValueError as e:
         p.error(str(e))
     if a.iters is None:
@@ -962,7 +1019,7 @@ def main(argv: list[str]) -> int:
     rc = 0
     try:
         run(a.batches, a.lens, a.prefill_batches, a.iters, a.repeats, a.budget, a.page_size,
-            a.num_splits, a.seed, result=result)
+            a.num_splits, a.seed, result=result, shape=a.shape)
     except (Exception, KeyboardInterrupt) as e:  # keep what was measured
         result["aborted"] = _first_line(e)
         rc = 1
