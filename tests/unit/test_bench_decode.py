@@ -108,6 +108,9 @@ def test_cache_bytes_and_budget():
     assert c["total"] == c["paged"] + c["contiguous"]
     e = D.cache_bytes(3, 20, expanded=True)
     assert e["expanded"] == 4 * D.kv_bytes(3, 20) and e["total"] == c["total"] + e["expanded"]
+    g = D.cache_bytes(3, 20, expanded=True, shape=D.Shape(16, 8, 256))  # --shape 16/8/256
+    assert g["paged"] == 3 * 2 * 16 * 8 * 256 * 4 and g["contiguous"] == D.kv_bytes(3, 20, 8, 256)
+    assert g["expanded"] == D.kv_bytes(3, 20, 16, 256) == 2 * g["contiguous"]
     assert D.num_pages(16) == 1 and D.num_pages(17) == 2 and D.num_pages(1) == 1
 
     assert D.fits_budget(40, 100, 0.4) and not D.fits_budget(41, 100, 0.4)

@@ -164,13 +164,13 @@ def num_pages(kv_len: int, page_size: int = PAGE_SIZE) -> int:
 
 
 def cache_bytes(batch: int, kv_len: int, page_size: int = PAGE_SIZE, expanded: bool = False,
-                heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM) -> dict:
+                shape: Shape = DEFAULT_SHAPE) -> dict:
     """GPU bytes of the caches one (batch, kv_len) allocates: the paged K/V of sm7x (whole
     pages), the contiguous K/V of the SDPA baselines and, with expanded, their copy
     expanded to all query heads."""
-    paged = batch * num_pages(kv_len, page_size) * page_size * kv_heads * head_dim * 2 * ELEM
-    contiguous = kv_bytes(batch, kv_len, kv_heads, head_dim)
-    exp = kv_bytes(batch, kv_len, heads, head_dim) if expanded else 0
+    paged = kv_bytes(batch, num_pages(kv_len, page_size) * page_size, shape.kv_heads, shape.head_dim)
+    contiguous = kv_bytes(batch, kv_len, shape.kv_heads, shape.head_dim)
+    exp = kv_bytes(batch, kv_len, shape.heads, shape.head_dim) if expanded else 0
     return {"paged": paged, "contiguous": contiguous, "expanded": exp,
             "total": paged + contiguous + exp}
 
@@ -558,13 +558,12 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
 
     notes: list[str] = []
     sh = a.shape
-    heads_dims = dict(heads=sh.heads, kv_heads=sh.kv_heads, head_dim=sh.head_dim)
     nbytes = useful_bytes(batch, kv_len, shape=sh)
     kvb = kv_bytes(batch, kv_len, sh.kv_heads, sh.head_dim)
     row: dict = {"batch": batch, "kv_len": kv_len, "kv_mbytes": kvb / 1e6, "useful_bytes": nbytes}
     need_exp = any(b["gqa"] == "expanded" for b in baselines.values())
-    base = cache_bytes(batch, kv_len, a.page_size, expanded=False, **heads_dims)
-    full = cache_bytes(batch, kv_len, a.page_size, expanded=need_exp, **heads_dims)
+    base = cache_bytes(batch, kv_len, a.page_size, expanded=False, shape=sh)
+    full = cache_bytes(batch, kv_len, a.page_size, expanded=need_exp, shape=sh)
     budget = a.budget * free
     row["cache_gb"] = full["total"] / 1e9
     if not fits_budget(base["total"], free, a.budget):
@@ -678,8 +677,7 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
     flops = prefill_flops(batch, new, prefix, sh.heads, sh.head_dim)
     row: dict = {"batch": batch, "q_len": new, "prefix": prefix, "kv_len": lk, "flops": flops}
     need_exp = any(b["gqa"] == "expanded" for b in baselines.values())
-    need = cache_bytes(batch, lk, a.page_size, expanded=need_exp, heads=sh.heads,
-                       kv_heads=sh.kv_heads, head_dim=sh.head_dim)["total"]
+    need = cache_bytes(batch, lk, a.page_size, expanded=need_exp, shape=sh)["total"]
     if not fits_budget(need, free, a.budget):
         row["skipped"] = f"caches need {need / 1e9:.1f} GB > budget {a.budget * free / 1e9:.1f} GB"
         return row
