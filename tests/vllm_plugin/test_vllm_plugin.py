@@ -188,6 +188,58 @@ def test_supports_compute_capability(cap, ok):
     assert Backend.supports_compute_capability(DeviceCapability(*cap)) is ok
 
 
+# the test aid SM7X_VLLM_TEST_ANY_GPU (README): other GPUs, only with the library forced
+
+
+def _no_vllm_choice(cls, *a, **k):
+    pytest.fail("vLLM's choice was asked")
+
+
+def test_test_aid_runs_the_forced_library_on_newer_gpus(on_gpu, fa2_libraries,
+                                                         custom_backend_clear, sm7x_log,
+                                                         monkeypatch):
+    monkeypatch.setenv(plugin.TEST_ANY_GPU_ENV, "1")
+    monkeypatch.setenv(plugin.FORCE_ENV, "sm75")
+    monkeypatch.setattr(CudaPlatform, "get_attn_backend_cls", classmethod(_no_vllm_choice))
+    on_gpu(9, 0)
+    assert Backend.supports_compute_capability(DeviceCapability(9, 0))
+    assert Sm7xCudaPlatform.get_attn_backend_cls(None, selector(), 32) == plugin.BACKEND
+    assert any("Using the sm7x FlashAttention-2" in r.getMessage() and "9.0" in r.getMessage()
+               for r in sm7x_log)
+    monkeypatch.setattr(plugin, "_nvml_capabilities", lambda: [(9, 0)])
+    assert plugin.platform_plugin() == plugin.PLATFORM
+    assert not Backend.supports_compute_capability(DeviceCapability(6, 1))
+    monkeypatch.delenv(plugin.TEST_ANY_GPU_ENV)  # without the aid: refused again
+    assert plugin.platform_plugin() is None
+    assert not Backend.supports_compute_capability(DeviceCapability(9, 0))
+
+
+def test_test_aid_needs_the_forced_library(on_gpu, fa2_libraries, custom_backend_clear,
+                                           sm7x_log, monkeypatch):
+    monkeypatch.setenv(plugin.TEST_ANY_GPU_ENV, "1")
+    monkeypatch.delenv(plugin.FORCE_ENV, raising=False)
+    assert not Backend.supports_compute_capability(DeviceCapability(9, 0))
+    monkeypatch.setattr(plugin, "_nvml_capabilities", lambda: [(9, 0)])
+    assert plugin.platform_plugin() is None
+    assert any("SM7X_FA2_FORCE=sm75" in r.getMessage() for r in sm7x_log)
+    plugin.register()
+    on_gpu(9, 0)
+    with pytest.raises(ValueError, match="SM7X_FA2_FORCE=sm75"):
+        Sm7xCudaPlatform.get_attn_backend_cls(AttentionBackendEnum.CUSTOM, selector(), 32)
+
+
+def test_test_aid_forced_library_must_be_installed(on_gpu, custom_backend_clear, monkeypatch):
+    from sm7x import _select
+
+    monkeypatch.setattr(_select, "library_path", lambda arch: "x" if arch == "sm75" else None)
+    monkeypatch.setenv(plugin.TEST_ANY_GPU_ENV, "1")
+    monkeypatch.setenv(plugin.FORCE_ENV, "sm70")
+    plugin.register()
+    on_gpu(9, 0)
+    with pytest.raises(ValueError, match="sm7x-fa2-sm70"):
+        Sm7xCudaPlatform.get_attn_backend_cls(AttentionBackendEnum.CUSTOM, selector(), 32)
+
+
 def test_backend_declarations():
     assert Backend.supported_dtypes == [F16]
     assert set(Backend.supported_kv_cache_dtypes) == {"auto", "float16"}

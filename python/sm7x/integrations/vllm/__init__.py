@@ -18,6 +18,8 @@ calls the functions; they import what they need).
 
 from __future__ import annotations
 
+import os
+
 from ..._args import env_flag
 
 BACKEND = "sm7x.integrations.vllm.backend.Sm7xFlashAttentionBackend"
@@ -27,6 +29,31 @@ PLATFORM_ENV = "SM7X_VLLM_PLATFORM"
 # The compute capabilities the backend runs on (the FA2 libraries' native targets).
 CAPABILITIES = ((7, 0), (7, 5))
 LOGGER = "vllm.sm7x"  # under vLLM's logger, so vLLM's log configuration shows it
+# Test aid, never for serving: with the FA2 library named by SM7X_FA2_FORCE, the backend
+# (and the platform) also take GPUs newer than Turing, whose driver JIT-compiles the
+# library's PTX. That is how the backend is run inside a real vLLM engine on an sm80+
+# test machine (tests/vllm_engine). Refused without SM7X_FA2_FORCE.
+TEST_ANY_GPU_ENV = "SM7X_VLLM_TEST_ANY_GPU"
+FORCE_ENV = "SM7X_FA2_FORCE"  # sm7x._select.FORCE_ENV (not imported: it reads targets.json)
+
+
+def capability_reason(cap: tuple[int, int]) -> str | None:
+    """Why the backend does not run on a GPU of compute capability ``cap``, or None when it
+    does: 7.0 and 7.5, and with the test aid any capability >= 7.0."""
+    cap = tuple(cap)
+    if cap in CAPABILITIES:
+        return None
+    where = f"compute capability {cap[0]}.{cap[1]}"
+    if not env_flag(TEST_ANY_GPU_ENV, False):
+        return (f"sm7x: the vLLM backend runs on Volta (7.0) and Turing (7.5), not on {where}"
+                f" (use vLLM's own backends there)")
+    if not os.environ.get(FORCE_ENV, "").strip():
+        return (f"sm7x: {TEST_ANY_GPU_ENV} is set (a test aid that runs the backend on "
+                f"{where}) but {FORCE_ENV} is not: set {FORCE_ENV}=sm75 (or sm70) to name "
+                f"the FA2 library whose PTX runs there, or unset {TEST_ANY_GPU_ENV}")
+    if cap < (7, 0):
+        return f"sm7x: {where} is older than Volta; the FA2 kernels need tensor cores"
+    return None
 
 
 def register() -> None:
@@ -53,13 +80,22 @@ def platform_plugin() -> str | None:
     machine has a GPU of capability 7.0 or 7.5, else None (vLLM's own platform).
 
     vLLM calls it at every start, on any machine, before CUDA is initialised: it asks
-    NVML (as vLLM's CUDA check does) and never raises."""
+    NVML (as vLLM's CUDA check does) and never raises. With the test aid
+    (SM7X_VLLM_TEST_ANY_GPU and SM7X_FA2_FORCE) any GPU >= 7.0 activates it."""
     if not env_flag(PLATFORM_ENV, True):
         return None
     try:
-        return PLATFORM if any(cap in CAPABILITIES for cap in _nvml_capabilities()) else None
+        caps = _nvml_capabilities()
     except Exception:  # no NVML, no driver, no NVIDIA GPU: not ours to decide
         return None
+    reasons = [capability_reason(cap) for cap in caps]
+    if any(r is None for r in reasons):
+        return PLATFORM
+    if env_flag(TEST_ANY_GPU_ENV, False) and reasons:  # the test aid was asked for: say why not
+        import logging
+
+        logging.getLogger(LOGGER).warning("%s", reasons[0])
+    return None
 
 
 def _nvml_capabilities() -> list[tuple[int, int]]:

@@ -28,8 +28,9 @@ from vllm.v1.attention.backend import (
 )
 
 from ... import _install_hints, _select, fa2
+from ..._args import env_flag
 from .. import flash_window
-from . import CAPABILITIES, _compute
+from . import TEST_ANY_GPU_ENV, _compute, capability_reason
 from ._compute import Sm7xAttentionMetadata
 
 NAME = "CUSTOM"  # vLLM looks the backend up by this name in AttentionBackendEnum
@@ -39,14 +40,20 @@ def _capability(cap) -> tuple[int, int]:
     return (cap.major, cap.minor) if hasattr(cap, "major") else tuple(cap)
 
 
+def _forced_arch() -> str | None:
+    return _select._resolve_force(None)[0]
+
+
 def _arch_for(cap: tuple[int, int]) -> str:
-    return "sm70" if cap == (7, 0) else "sm75"
+    return _forced_arch() or ("sm70" if cap == (7, 0) else "sm75")
 
 
 def _missing_library(cap: tuple[int, int]) -> str | None:
     """Why the FA2 library for ``cap`` cannot load here, or None when one is installed
-    (7.5 runs the sm75 library, or the sm70 one as its fallback)."""
-    archs = ("sm70",) if cap == (7, 0) else ("sm75", "sm70")
+    (7.5 runs the sm75 library, or the sm70 one as its fallback; SM7X_FA2_FORCE names
+    exactly one)."""
+    forced = _forced_arch()
+    archs = (forced,) if forced else ("sm70",) if cap == (7, 0) else ("sm75", "sm70")
     if any(_select.library_path(a) is not None for a in archs):
         return None
     package = _select.package_name(_arch_for(cap))
@@ -101,7 +108,8 @@ class Sm7xFlashAttentionBackend(AttentionBackend):
 
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
-        return _capability(capability) in CAPABILITIES
+        # 7.0/7.5; other GPUs only with the test aid SM7X_VLLM_TEST_ANY_GPU (README)
+        return capability_reason(_capability(capability)) is None
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
@@ -115,8 +123,13 @@ class Sm7xFlashAttentionBackend(AttentionBackend):
         if reason is None and not cls.supports_head_size(head_size):
             reason = (f"sm7x: head size {head_size} has no kernel (head sizes: multiples of "
                       f"{fa2.SUPPORTED_HEAD_DIMS[0]} up to {fa2.MAX_HEAD_DIM})")
-        if reason is None and cls.supports_compute_capability(device_capability):
-            reason = _missing_library(_capability(device_capability))
+        if reason is None:
+            cap = _capability(device_capability)
+            reason = capability_reason(cap)
+            if reason is None:
+                reason = _missing_library(cap)
+            elif not env_flag(TEST_ANY_GPU_ENV, False):
+                reason = None  # vLLM's own "compute capability not supported" says it
         return reason
 
     # vLLM 0.26: the per-layer cache's logical shape and its physical order.

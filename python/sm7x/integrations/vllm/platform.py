@@ -16,7 +16,7 @@ import logging
 
 from vllm.platforms.cuda import CudaPlatform
 
-from . import BACKEND, CAPABILITIES, LOGGER, register
+from . import BACKEND, LOGGER, capability_reason, register
 
 logger = logging.getLogger(LOGGER)
 _declined: set[tuple] = set()  # (capability, reasons) already logged
@@ -38,7 +38,7 @@ class Sm7xCudaPlatform(CudaPlatform):
     def _sm7x_backend(cls, attn_selector_config) -> str | None:
         """BACKEND when it runs this configuration on this GPU, else None (logged)."""
         cap = cls.get_device_capability()
-        if cap is None or (cap.major, cap.minor) not in CAPABILITIES:
+        if cap is None or capability_reason((cap.major, cap.minor)) is not None:
             return None
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
 

@@ -1,0 +1,78 @@
+"""Small random-weight models that vLLM loads from a directory (safetensors + config, no
+hub): each exercises one attention feature of the sm7x backend inside a real engine.
+
+Weights are transformers' own initialisation (seed 0) with a larger ``initializer_range``
+than a trained model's 0.02, so the next-token distribution is peaked enough that greedy
+decoding is not a string of near ties. A WordLevel tokenizer (``w0`` .. ``wN``) is written
+too, so the same directory serves ``vllm serve`` with text prompts; the offline tests pass
+token ids (``skip_tokenizer_init``).
+"""
+
+from __future__ import annotations
+
+import os
+
+VOCAB = 1024
+COMMON = dict(vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+              max_position_embeddings=8192, initializer_range=0.12, bos_token_id=1,
+              eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+
+# name -> (transformers config class, its arguments, model types vLLM must be told to take
+# in float16, what it covers)
+MODELS = {
+    "llama-d128": ("LlamaConfig", dict(num_attention_heads=8, num_key_value_heads=2,
+                                        head_dim=128), (), "GQA 8/2, head dim 128"),
+    "llama-d64": ("LlamaConfig", dict(num_attention_heads=8, num_key_value_heads=1,
+                                       head_dim=64), (), "MQA 8/1, head dim 64"),
+    "mistral-sw": ("MistralConfig", dict(num_attention_heads=8, num_key_value_heads=4,
+                                          head_dim=128, sliding_window=256), (),
+                   "sliding window 256 on every layer, GQA 8/4, head dim 128"),
+    # vLLM 0.26 refuses float16 for model type gemma2 ("numerical instability"); forced for
+    # this test (the point is the kernel's softcap at d256, not the model's stability)
+    "gemma2-softcap": ("Gemma2Config", dict(num_attention_heads=4, num_key_value_heads=2,
+                                             head_dim=256, sliding_window=128,
+                                             attn_logit_softcapping=50.0,
+                                             final_logit_softcapping=30.0,
+                                             query_pre_attn_scalar=256,
+                                             tie_word_embeddings=True,
+                                             # its embeddings are scaled by sqrt(hidden):
+                                             # 0.12 gives next-token probabilities of ~1
+                                             initializer_range=0.03),
+                       ("gemma2",), "softcap 50, head dim 256, sliding 128 on alternate layers"),
+}
+
+
+def write_tokenizer(path: str) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({f"w{i}": i for i in range(4, VOCAB)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", pad_token="<pad>")
+    fast.save_pretrained(path)
+
+
+def write_model(name: str, path: str) -> str:
+    """Writes model ``name`` into ``path`` (once: an existing complete directory is kept)."""
+    done = os.path.join(path, ".complete")
+    if os.path.exists(done):
+        return path
+    import torch
+    import transformers
+
+    cls, kw, _, _ = MODELS[name]
+    cfg = getattr(transformers, cls)(**{**COMMON, **kw})
+    cfg.torch_dtype = "float16"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16)
+    model.save_pretrained(path, safe_serialization=True)
+    write_tokenizer(path)
+    open(done, "w").close()
+    return path
+
+
+def fp16_forced(name: str) -> tuple[str, ...]:
+    return MODELS[name][2]

@@ -1,0 +1,174 @@
+"""sm7x inside a real vLLM engine (``vllm.LLM``, offline), against the same engine with
+vLLM's TRITON_ATTN backend: greedy tokens equal, or parting only at a near tie
+(token_match.py says exactly what passes).
+
+Every engine runs in its own process (sm7x.bench._vllm_engine), with random-weight models
+written by models.py, float16, token-id prompts (no tokenizer). Each model is run:
+
+- with vLLM's CUDA graphs as it captures them by default (piecewise for mixed batches,
+  full graphs for decode batches), and again with ``enforce_eager``;
+- with each FA2 library forced (sm75, sm70; on GPUs newer than Turing through their PTX
+  and the test aid SM7X_VLLM_TEST_ANY_GPU, which sm7x.bench._vllm_engine sets there);
+- on prompts of 5 to 2500 tokens (the longest spans 157 KV blocks of 16) with
+  ``max_num_batched_tokens`` 256, so long prompts are prefilled in chunks next to other
+  requests' decodes; then a second round whose prompts share prefixes with the first
+  (prefix-cache hits, checked through vLLM's ``num_cached_tokens``);
+- and Llama d128 once more with ngram speculative decoding (verification batches of 1 + 3
+  queries per request, captured as full graphs).
+
+Needs a CUDA GPU, vLLM and sm7x installed where vLLM sees its entry points (``pip install
+--no-deps -e .`` in vLLM's environment, or the conda packages), transformers to write the
+models; skips cleanly otherwise. Run it (README, "Use it with vLLM"):
+
+    pytest -p no:cacheprovider tests/vllm_engine -n 5 --dist loadgroup
+
+(`-n`: pytest-xdist, one model's engines per worker (the ngram cases apart); several engines share the GPU, each
+with a fixed 1 GiB KV cache.) $VLLM_ENGINE_OUT keeps each case's result, the engines'
+logs and the models (default: a temporary directory); ``python
+tests/vllm_engine/report.py $VLLM_ENGINE_OUT`` prints the matrix.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: the vLLM engine tests need a GPU", allow_module_level=True)
+pytest.importorskip("vllm", reason="needs vLLM (a GPU build)")
+pytest.importorskip("transformers", reason="writes its test models with transformers")
+
+from models import MODELS, VOCAB, fp16_forced, write_model  # noqa: E402
+from token_match import compare  # noqa: E402
+
+from sm7x.bench import _vllm_engine  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+NEW_TOKENS = 64
+LP_TOL, TIE_TOL = 0.05, 0.1
+TOPK = 5  # logprobs per step: a near tie of three tokens is still seen
+# 1 GiB of KV cache whatever the GPU: engines of several xdist workers share it
+ENGINE = dict(dtype="float16", max_model_len=4096, max_num_batched_tokens=256, max_num_seqs=16,
+              enable_prefix_caching=True, skip_tokenizer_init=True, seed=0,
+              gpu_memory_utilization=0.08, kv_cache_memory_bytes=1 << 30,
+              compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16]})
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+         "prompt_lookup_min": 2}
+LENGTHS = (5, 33, 300, 1000, 2500)
+# (name, FA2 library, engine settings on top of ENGINE)
+VARIANTS = {
+    "sm75-graphs": ("sm75", {}),
+    "sm75-eager": ("sm75", {"enforce_eager": True}),
+    "sm70-graphs": ("sm70", {}),
+    "sm70-eager": ("sm70", {"enforce_eager": True}),
+}
+CASES = [(m, v) for m in MODELS for v in VARIANTS] + [("llama-d128", "sm75-ngram"),
+                                                      ("llama-d128", "sm70-ngram")]
+
+
+def _prompts() -> list[list[list[int]]]:
+    """Two rounds: mixed lengths, then prompts sharing prefixes with the first round's."""
+    rng = random.Random(0)
+    first = [[rng.randrange(4, VOCAB) for _ in range(n)] for n in LENGTHS]
+    tail = lambda n: [rng.randrange(4, VOCAB) for _ in range(n)]  # noqa: E731
+    second = [first[3][:800] + tail(50), first[4][:2000] + tail(7), list(first[2]),
+              first[1][:16] + tail(3)]
+    return [first, second]
+
+
+def _ngram_prompts() -> list[list[list[int]]]:
+    """Repetitive prompts, so the ngram proposer finds matches to propose."""
+    rng = random.Random(1)
+    motif = [[rng.randrange(4, VOCAB) for _ in range(n)] for n in (7, 12, 20)]
+    return [[m * reps for m, reps in zip(motif, (3, 30, 100))]]
+
+
+def _out_dir(tmp_path_factory) -> str:
+    out = os.environ.get("VLLM_ENGINE_OUT")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        return out
+    return str(tmp_path_factory.getbasetemp().parent / "vllm_engine")
+
+
+@pytest.fixture(scope="session")
+def engines(tmp_path_factory):
+    return _Engines(_out_dir(tmp_path_factory))
+
+
+class _Engines:
+    """Runs each engine once per worker (the reference of a model is shared by its
+    variants, which run on one xdist worker: --dist loadgroup)."""
+
+    def __init__(self, out: str):
+        self.out, self.cache = out, {}
+        self.cap = tuple(torch.cuda.get_device_capability())
+
+    def model(self, name: str) -> str:
+        path = os.path.join(self.out, "models", name)
+        os.makedirs(path, exist_ok=True)
+        with open(path + ".lock", "w") as lock:  # xdist workers may ask at once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return write_model(name, path)
+
+    def result(self, model: str, backend: str, arch: str | None, extra: dict,
+               tag: str) -> dict:
+        key = (model, backend, arch, tag)
+        if key not in self.cache:
+            ngram = "ngram" in tag
+            spec = {"name": f"{model}.{tag}", "model": self.model(model), "backend": backend,
+                    "arch": arch, "task": "generate", "max_tokens": NEW_TOKENS, "logprobs": TOPK,
+                    "rounds": _ngram_prompts() if ngram else _prompts(),
+                    "allow_fp16_models": list(fp16_forced(model)),
+                    "engine": {**ENGINE, **extra,
+                               **({"speculative_config": NGRAM} if ngram else {})}}
+            self.cache[key] = _vllm_engine.run(spec, os.path.join(self.out, "runs"),
+                                               capability=self.cap)
+        return self.cache[key]
+
+
+@pytest.mark.parametrize("model,variant", [
+    pytest.param(m, v, marks=pytest.mark.xdist_group(m + ("-ngram" if "ngram" in v else "")))
+    for m, v in CASES])
+def test_engine_matches_triton(engines, model, variant):
+    arch, extra = VARIANTS.get(variant, (variant.split("-")[0], {}))
+    ngram = variant.endswith("ngram")
+    ref = engines.result(model, "TRITON_ATTN", None, {}, "triton-ngram" if ngram else "triton")
+    ours = engines.result(model, "sm7x", arch, extra, variant)
+    rows, failures = [], []
+    for r, (ref_round, our_round) in enumerate(zip(ref["rounds"], ours["rounds"])):
+        for i, (a, b) in enumerate(zip(our_round, ref_round)):
+            m = compare(a, b, lp_tol=LP_TOL, tie_tol=TIE_TOL)
+            rows.append({"round": r, "prompt": i, "ok": m.ok,
+                         "equal": m.equal, "first_difference": m.first_difference,
+                         "max_logprob_error": m.max_logprob_error, "tie_gap": m.tie_gap,
+                         "cached_tokens": a["cached_tokens"],
+                         "ref_cached_tokens": b["cached_tokens"], "what": m.describe(),
+                         # both runs' top logprobs where they part
+                         "at_difference": None if m.first_difference is None else {
+                             "ours": a["logprobs"][m.first_difference],
+                             "ref": b["logprobs"][m.first_difference]}})
+            if not m.ok:
+                failures.append(f"round {r} prompt {i}: {m.describe()}")
+    record = {"model": model, "covers": MODELS[model][3], "variant": variant,
+              "arch": arch, "device": ours["device"], "vllm": ours["vllm"],
+              "startup_s": {"sm7x": ours["startup_s"], "triton": ref["startup_s"]},
+              "log_lines": ours["log_lines"], "ref_log_lines": ref["log_lines"], "rows": rows}
+    with open(os.path.join(engines.out, f"result.{model}.{variant}.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    assert len(ours["rounds"]) == len(ref["rounds"])
+    assert not failures, "\n".join(failures)
+    if not ngram:  # the second round reuses the first one's prefixes
+        hits = [row["cached_tokens"] for row in rows if row["round"] == 1]
+        assert all(h > 0 for h in hits), f"no prefix-cache hit in round 2: {hits}"
+    graphs = [ln for ln in ours["log_lines"] if "Capturing CUDA graphs" in ln]
+    if extra.get("enforce_eager"):
+        assert not graphs, graphs
+    else:
+        assert any("FULL" in ln for ln in graphs), f"no full CUDA graph captured: {graphs}"
