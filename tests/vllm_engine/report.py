@@ -41,6 +41,8 @@ def main(argv: list[str]) -> int:
         for path in files:
             r = json.load(open(path))
             print(f"\n{r['model']} {r['variant']} ({r['device']}, vLLM {r['vllm']}):")
+            if (r.get("spec_decode") or {}).get("sm7x"):
+                print(f"    speculative decoding counters: {r['spec_decode']}")
             for line in dict.fromkeys(r["log_lines"]):
                 print("   ", line)
     return 0

@@ -130,7 +130,18 @@ def _generate(llm, spec: dict) -> dict:
             rows.append({"tokens": list(c.token_ids), "logprobs": steps,
                          "cached_tokens": o.num_cached_tokens or 0})
         rounds.append(rows)
-    return {"rounds": rounds}
+    return {"rounds": rounds, "spec_decode": _spec_decode_counts(llm)}
+
+
+def _spec_decode_counts(llm) -> dict:
+    """vLLM's speculative-decoding counters (drafts, draft and accepted tokens), when the
+    engine speculates and keeps stats; {} otherwise."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # stats off (vLLM's default offline) or an API that moved
+        return {}
+    return {m.name.removeprefix("vllm:"): getattr(m, "value", None)
+            for m in metrics if "spec_decode_num" in m.name and hasattr(m, "value")}
 
 
 def _random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
