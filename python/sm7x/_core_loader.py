@@ -24,7 +24,7 @@ import os
 import threading
 from pathlib import Path
 
-from . import _install_hints
+from . import _install_hints, _libfile
 from ._select import LIBRARY_PATH_ENV
 
 LIBRARY_NAME = "_core.abi3.so"
@@ -55,11 +55,16 @@ def search_dirs() -> list[Path]:
 
 
 def core_library_path() -> Path | None:
-    """Where ``_core.abi3.so`` lies, or None when it is not installed."""
-    for d in search_dirs():
-        candidate = d / LIBRARY_NAME
-        if candidate.is_file():
-            return candidate
+    """Where ``_core.abi3.so`` lies, or None when it is not installed (directories that
+    cannot be searched are skipped: :func:`core_library_search`)."""
+    return core_library_search()[0]
+
+
+def core_library_search() -> tuple[Path | None, list[str]]:
+    """:func:`core_library_path` and the directories that could not be searched."""
+    found, skipped = _libfile.search(search_dirs(), LIBRARY_NAME)
+    if found is not None:
+        return found, skipped
     # Editable installs (scikit-build-core's redirect mode) map sm7x._core to the built
     # file through the package's import hook. find_spec only locates: it loads nothing.
     try:
@@ -69,8 +74,8 @@ def core_library_path() -> Path | None:
     if spec is not None and spec.origin:
         origin = Path(spec.origin)
         if origin.name == LIBRARY_NAME and origin.is_file():
-            return origin
-    return None
+            return origin, skipped
+    return None, skipped
 
 
 def loaded_path() -> Path | None:
@@ -99,30 +104,34 @@ def load() -> Path:
             return _loaded
         import torch
 
-        path = core_library_path()
+        path, skipped = core_library_search()
         if path is None:
             if _registered(torch):
                 # Someone loaded a build of it by hand (torch.ops.load_library): use it.
                 _loaded = Path(f"<{NAMESPACE} ops registered outside sm7x>")
                 return _loaded
             searched = ", ".join(str(d) for d in search_dirs())
+            unread = (f"; could not search {'; '.join(skipped)}: fix the permissions or "
+                      f"remove it from {LIBRARY_PATH_ENV}" if skipped else "")
             raise MissingCoreLibraryError(
                 f"sm7x's core op library {LIBRARY_NAME} (package {PACKAGE}) is not installed "
-                f"(searched {searched}; set {LIBRARY_PATH_ENV} to the directory of a build): "
-                f"{_install_hints.install_hint(PACKAGE)}"
+                f"(searched {searched}{unread}; set {LIBRARY_PATH_ENV} to the directory of a "
+                f"build): {_install_hints.install_hint(PACKAGE)}"
             )
         if _registered(torch):
             # Loading a second copy would fail: torch allows one definition per namespace.
             log.info("sm7x: torch.ops.%s already registered; not loading %s", NAMESPACE, path)
         else:
-            try:
-                torch.ops.load_library(str(path))
-            except OSError as exc:
+            bad = _libfile.problem(path)  # before dlopen: a truncated file is SIGBUS
+            if bad is None:
+                try:
+                    torch.ops.load_library(str(path))
+                except OSError as exc:
+                    bad = _libfile.load_failure(exc, torch.__version__)
+            if bad is not None:
                 raise MissingCoreLibraryError(
-                    f"cannot load {path} into torch {torch.__version__}: {exc}. The library "
-                    f"needs torch >= 2.10 (it uses torch's stable ABI); upgrade torch or "
-                    f"reinstall {PACKAGE}"
-                ) from exc
+                    f"cannot load {path}: {bad}. Copy the file again, or reinstall {PACKAGE} "
+                    f"({_install_hints.install_hint(PACKAGE)})")
             log.info("sm7x: loaded %s into torch %s", path, torch.__version__)
         _loaded = path
         return _loaded

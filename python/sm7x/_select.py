@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from . import _install_hints, _targets
+from . import _install_hints, _libfile, _targets
 
 ARCHS = _targets.archs()  # ("sm70", "sm75"), from targets.json
 FORCE_ENV = "SM7X_FA2_FORCE"
@@ -164,12 +164,25 @@ def select_fa2_library(device: Device, *, force: str | None = None) -> Selection
     )
 
 
-def missing_library_error(selection: Selection, device: Device) -> MissingLibraryError:
-    """The error to raise when the selected library is not installed."""
+def missing_library_error(selection: Selection, device: Device,
+                          skipped: Iterable[str] = ()) -> MissingLibraryError:
+    """The error to raise when the selected library is not installed (``skipped``: the
+    directories that could not be searched, from :func:`library_search`)."""
+    skipped = list(skipped)
+    unread = (f" (could not search {'; '.join(skipped)}: fix the permissions or remove it "
+              f"from {LIBRARY_PATH_ENV})" if skipped else "")
     return MissingLibraryError(
         f"{device.describe()} needs {selection.library} from package {selection.package}, "
-        f"which is not installed: {_install_hints.install_hint(selection.package)}"
+        f"which is not installed{unread}: {_install_hints.install_hint(selection.package)}"
     )
+
+
+def broken_library_error(path: Path, why: str, package: str) -> MissingLibraryError:
+    """The error for a library file that is there but cannot be loaded (``why``: from
+    sm7x._libfile), naming the file, the cause and the fix."""
+    return MissingLibraryError(
+        f"cannot load {path}: {why}. Copy the file again, or reinstall {package} "
+        f"({_install_hints.install_hint(package)})")
 
 
 def dtype_error(what: str, dtype_name: str) -> TypeError:
@@ -204,15 +217,16 @@ def library_path(arch: str) -> Path | None:
     $SM7X_LIBRARY_PATH (searched first): never the working directory, so a stray file
     in cwd cannot be loaded into the process.
     """
-    name = library_name(arch)
+    return library_search(arch)[0]
+
+
+def library_search(arch: str) -> tuple[Path | None, list[str]]:
+    """:func:`library_path`, and the directories that could not be searched ("DIR: why";
+    they are skipped, as a shell skips an unreadable PATH entry)."""
     dirs = [Path(d).absolute() for d in os.environ.get(LIBRARY_PATH_ENV, "").split(os.pathsep) if d]
     # An empty entry would mean cwd in PATH-like variables: skipped above on purpose.
     dirs.append(Path(__file__).resolve().parent / "fa2")
-    for d in dirs:
-        candidate = d / name
-        if candidate.is_file():
-            return candidate
-    return None
+    return _libfile.search(dirs, library_name(arch))
 
 
 def required_packages(devices: Iterable[Device], *, force: str | None = None) -> set[str]:

@@ -17,13 +17,14 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from . import __version__, _install_hints
+from . import __version__, _core_loader, _install_hints, _libfile
 from ._select import (
     FORCE_ENV,
     LIBRARY_PATH_ENV,
     Device,
     UnsupportedDeviceError,
     library_path,
+    library_search,
     ARCHS,
     CUDA_ARCH_OVERRIDE_ENV,
     covering_archs,
@@ -105,8 +106,21 @@ def _installed_packages(prefix: Path) -> dict:
 
 
 def _native_libraries(package_dir: Path) -> list[dict]:
-    return [{"file": str(p.relative_to(package_dir)), "size": p.stat().st_size}
+    return [{"file": str(p.relative_to(package_dir)), "size": p.stat().st_size,
+             "problem": _libfile.problem(p)}
             for p in sorted(package_dir.rglob("*.so")) if p.is_file()]
+
+
+def _core_report(warnings: list[str]) -> dict:
+    """Where the core library would load from, and whether that file can load."""
+    path, skipped = _core_loader.core_library_search()
+    bad = _libfile.problem(path) if path is not None else None
+    for d in skipped:
+        warnings.append(f"cannot search {d} (from {LIBRARY_PATH_ENV}): skipped")
+    if bad is not None:
+        warnings.append(f"{path} cannot be loaded: {bad}; copy it again or reinstall "
+                        f"{_core_loader.PACKAGE}")
+    return {"path": str(path) if path else None, "problem": bad}
 
 
 def _gpu_report(device: Device, warnings: list[str]) -> dict:
@@ -117,11 +131,19 @@ def _gpu_report(device: Device, warnings: list[str]) -> dict:
     except (UnsupportedDeviceError, ValueError) as exc:
         entry["fa2"] = {"error": str(exc)}  # shown with the GPU, not repeated as a warning
         return entry
-    path = library_path(sel.arch)
+    path, skipped = library_search(sel.arch)
+    bad = _libfile.problem(path) if path is not None else None
     fa2 = {"arch": sel.arch, "package": sel.package, "library": sel.library,
            "namespace": sel.namespace, "reason": sel.reason, "forced": sel.forced,
-           "installed": path is not None, "path": str(path) if path else None}
-    if path is None:
+           "installed": path is not None and bad is None, "path": str(path) if path else None,
+           "problem": bad}
+    for d in skipped:
+        warnings.append(f"cuda:{device.index}: cannot search {d} (from {LIBRARY_PATH_ENV}) "
+                        f"for {sel.library}: skipped")
+    if bad is not None:
+        warnings.append(f"cuda:{device.index}: {path} cannot be loaded: {bad}; copy it again "
+                        f"or reinstall {sel.package}")
+    elif path is None:
         hint = _install_hints.install_hint(sel.package)
         if sel.fallback and library_path(sel.fallback):
             # sm_70 code runs on 7.5, so the GPU works, just not with native kernels.
@@ -163,6 +185,7 @@ def collect(devices: Iterable[Device] | None = None, *, prefix: str | Path | Non
                                                        "CUDA_VISIBLE_DEVICES")},
         "packages": packages,
         "libraries": _native_libraries(package_dir),
+        "core": _core_report(warnings),
         "gpu_source": source,
         "gpu_error": smi_error,
         "gpus": [_gpu_report(d, warnings) for d in devices],
@@ -314,9 +337,15 @@ def render(info: dict) -> str:
         f"python    {info['python']['version']} ({info['python']['executable']})",
         f"torch     {torch_line}",
         f"packages  {', '.join(pkgs) or 'none found'}",
-        "libraries " + (", ".join(f"{l['file']} ({l['size']} bytes)" for l in info["libraries"])
+        "libraries " + (", ".join(f"{l['file']} ({l['size']} bytes"
+                                  + (f", BROKEN: {l['problem']})" if l.get("problem") else ")")
+                                  for l in info["libraries"])
                         or "none in the sm7x package directory"),
     ]
+    core = info["core"]
+    lines.append("core      " + (f"{core['path']}" + (f": BROKEN: {core['problem']}"
+                                                      if core["problem"] else "")
+                                 if core["path"] else "_core.abi3.so not found"))
     lines += [f"env       {k}={v}" for k, v in info["environment"].items() if v is not None]
     if not info["gpus"]:
         why = f": {info['gpu_error']}" if info["gpu_error"] else " (no CUDA torch, no nvidia-smi)"
@@ -330,6 +359,7 @@ def render(info: dict) -> str:
             lines.append(f"    FA2: refused: {fa2['error']}")
             continue
         state = (f"installed at {fa2['path']}" if fa2["installed"]
+                 else f"BROKEN at {fa2['path']}: {fa2['problem']}" if fa2.get("problem")
                  else f"NOT installed (fallback {fa2['fallback']} installed)" if fa2.get("fallback")
                  else "NOT installed")
         lines += [f"    FA2: {fa2['library']} from {fa2['package']}: {state}",

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sm7x import _select, doctor
+from sm7x import _libfile, _select, doctor
 from sm7x._select import Device
 
 
@@ -32,6 +32,9 @@ def fake_install(tmp_path, monkeypatch):
     (pkg / "fa2" / "_fa2_sm70.abi3.so").write_bytes(b"x" * 123)
     (pkg / "_core.abi3.so").write_bytes(b"y" * 7)
     monkeypatch.setattr(_select, "__file__", str(pkg / "_select.py"))
+    # the stand-in files are no ELF libraries: the file check (tests/unit/test_libfile.py)
+    # is not what these tests are about
+    monkeypatch.setattr(_libfile, "problem", lambda path: None)
     return tmp_path / "prefix", pkg
 
 
@@ -49,8 +52,9 @@ def test_collect_with_fake_devices(fake_install):
     json.dumps(info)  # plain data all the way down
     assert info["gpu_source"] == "caller"
     assert [p["name"] for p in info["packages"]["conda"]] == ["sm7x", "sm7x-fa2", "sm7x-fa2-sm70"]
-    assert {"file": os.path.join("fa2", "_fa2_sm70.abi3.so"), "size": 123} in info["libraries"]
-    assert {"file": "_core.abi3.so", "size": 7} in info["libraries"]
+    assert {"file": os.path.join("fa2", "_fa2_sm70.abi3.so"), "size": 123,
+            "problem": None} in info["libraries"]
+    assert {"file": "_core.abi3.so", "size": 7, "problem": None} in info["libraries"]
 
     v100, t4, gtx, h200 = info["gpus"]
     assert v100["capability"] == "7.0" and v100["fa2"]["arch"] == "sm70"

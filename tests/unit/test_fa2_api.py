@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="sm7x.fa2 needs torch >= 2.10")
 
 import sm7x.fa2 as fa2  # noqa: E402
-from sm7x import _select  # noqa: E402
+from sm7x import _libfile, _select  # noqa: E402
 from sm7x.fa2 import _loader, flash_attn_func, flash_attn_varlen_func  # noqa: E402
 
 
@@ -195,6 +195,7 @@ def test_loader_missing_library_names_package(monkeypatch, tmp_path):
 
 def test_loader_loads_once_thread_safe(monkeypatch, tmp_path, caplog):
     monkeypatch.undo()
+    monkeypatch.setattr(_libfile, "problem", lambda path: None)  # an empty stand-in file
     lib = tmp_path / "_fa2_sm75.abi3.so"
     lib.write_bytes(b"")
     monkeypatch.setenv(_select.LIBRARY_PATH_ENV, str(tmp_path))
@@ -218,6 +219,7 @@ def test_loader_loads_once_thread_safe(monkeypatch, tmp_path, caplog):
 
 def test_loader_falls_back_to_sm70_on_turing(monkeypatch, tmp_path):
     monkeypatch.undo()
+    monkeypatch.setattr(_libfile, "problem", lambda path: None)  # an empty stand-in file
     monkeypatch.delenv(_select.FORCE_ENV, raising=False)  # the rules, not a forced arch
     lib = tmp_path / "_fa2_sm70.abi3.so"
     lib.write_bytes(b"")
@@ -276,3 +278,11 @@ def test_built_library_needs_no_cuda_torch_or_cudart():
         needed = [t.needed for t in dyn.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
     assert "libtorch_cpu.so" in needed
     assert not [n for n in needed if "cuda" in n or "c10" in n], needed
+
+
+@pytest.mark.parametrize("sq, sk, name", [(0, 15, "max_seqlen_q"), (15, 0, "max_seqlen_k")])
+def test_max_seqlen_zero_with_tokens_is_refused(sq, sk, name):
+    """0 reads as "nothing to do" in the kernels: the output would be left unwritten."""
+    q, k, v, cq, ck = varlen()
+    with pytest.raises(ValueError, match=f"{name} is 0 but . holds 20 tokens"):
+        flash_attn_varlen_func(q, k, v, cq, ck, sq, sk)

@@ -325,3 +325,9 @@ def test_out_interleaved_with_an_input_but_disjoint_is_accepted():
     buf = torch.zeros(t, 2, h, d, dtype=F16)
     with pytest.raises(ValueError, match="CUDA tensors only"):
         call_varlen(q=buf[:, 0], out=buf[:, 1])
+
+
+def test_paged_max_seqlen_q_zero_with_queries_is_refused():
+    """Before: the paged call returned zeros, silently (the kernels skip a 0 bound)."""
+    with raises(ValueError, match="max_seqlen_q is 0 but q holds"):
+        call_varlen(max_seqlen_q=0)

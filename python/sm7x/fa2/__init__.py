@@ -161,12 +161,22 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
                          f"max_seqlen_{tensor} is {max_seqlen}; pass the longest length")
 
 
-def _check_max_seqlens(fn: str, max_seqlen_q, max_seqlen_k) -> tuple[int, int]:
+def _check_max_seqlens(fn: str, max_seqlen_q, max_seqlen_k, total_q: int = 0,
+                       total_k: int = 0) -> tuple[int, int]:
+    """``total_q``/``total_k``: the query / key rows the call holds (0: not known here). A
+    bound of 0 with rows present is refused: the kernels take 0 as "nothing to do" and
+    would leave the output unwritten."""
     api = f"sm7x.fa2.{fn}"
     max_seqlen_q = _args.integer(api, "max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _args.integer(api, "max_seqlen_k", max_seqlen_k)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
         raise ValueError(f"{api}: max_seqlen_q/max_seqlen_k must be >= 0")
+    for name, bound, rows, what in (("max_seqlen_q", max_seqlen_q, total_q, "q"),
+                                    ("max_seqlen_k", max_seqlen_k, total_k, "k")):
+        if bound == 0 and rows > 0:
+            raise ValueError(f"{api}: {name} is 0 but {what} holds {rows} tokens: pass the "
+                             f"longest sequence's length (max of the differences of "
+                             f"cu_seqlens_{what})")
     return max_seqlen_q, max_seqlen_k
 
 
@@ -334,7 +344,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"sm7x.fa2.{fn}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and "
                          f"cu_seqlens_k {tuple(cu_seqlens_k.shape)} must both be [batch + 1]")
-    max_seqlen_q, max_seqlen_k = _check_max_seqlens(fn, max_seqlen_q, max_seqlen_k)
+    max_seqlen_q, max_seqlen_k = _check_max_seqlens(fn, max_seqlen_q, max_seqlen_k,
+                                                    q.shape[0], k.shape[0])
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
     deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)

@@ -15,7 +15,7 @@ import logging
 import threading
 from pathlib import Path
 
-from .. import _select
+from .. import _libfile, _select
 
 log = logging.getLogger("sm7x")
 
@@ -84,11 +84,13 @@ def load(selection: _select.Selection, device: _select.Device) -> str:
                 return f"sm7x_fa2_{arch}"
         import torch
 
+        skipped: list[str] = []
         for arch in (selection.arch, selection.fallback):
             if arch is None:
                 continue
             namespace = f"sm7x_fa2_{arch}"
-            path = _select.library_path(arch)
+            path, unread = _select.library_search(arch)
+            skipped += [u for u in unread if u not in skipped]
             if path is None:
                 if _registered(torch, namespace):  # loaded by hand (torch.ops.load_library)
                     _register_fakes(torch, namespace)
@@ -98,18 +100,19 @@ def load(selection: _select.Selection, device: _select.Device) -> str:
             if _registered(torch, namespace):
                 log.info("sm7x: torch.ops.%s already registered; not loading %s", namespace, path)
             else:
+                package = _select.package_name(arch)
+                bad = _libfile.problem(path)  # before dlopen: a truncated file is SIGBUS
+                if bad is not None:
+                    raise _select.broken_library_error(path, bad, package)
                 try:
                     torch.ops.load_library(str(path))
                 except OSError as exc:
-                    raise _select.MissingLibraryError(
-                        f"cannot load {path} into torch {torch.__version__}: {exc}. The "
-                        f"library needs torch >= 2.10 (it uses torch's stable ABI); upgrade "
-                        f"torch or reinstall {_select.package_name(arch)}"
-                    ) from exc
+                    raise _select.broken_library_error(
+                        path, _libfile.load_failure(exc, torch.__version__), package) from exc
                 major, minor = device.capability
                 log.info("sm7x: loaded %s for %s (compute capability %d.%d): %s", path,
                          device.describe(), major, minor, selection.reason)
             _register_fakes(torch, namespace)
             _loaded[arch] = path
             return namespace
-        raise _select.missing_library_error(selection, device)
+        raise _select.missing_library_error(selection, device, skipped)

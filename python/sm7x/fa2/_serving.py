@@ -333,7 +333,7 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     else:
         raise ValueError(f"sm7x.fa2.{fn}: with block_table pass seqused_k (int32 [batch], the "
                          f"key count of each sequence) or cu_seqlens_k")
-    max_seqlen_q, max_seqlen_k = _check_max_seqlens(fn, max_seqlen_q, max_seqlen_k)
+    max_seqlen_q, max_seqlen_k = _check_max_seqlens(fn, max_seqlen_q, max_seqlen_k, q.shape[0])
     capacity = block_table.shape[1] * k.shape[1] if paged else k.shape[1]
     if max_seqlen_k > capacity:
         raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_k ({max_seqlen_k}) is larger than the "
