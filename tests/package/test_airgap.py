@@ -365,6 +365,28 @@ def test_split_specs_keeps_version_ranges():
         requests_from_args(["A_B=sm7x"], [], None)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("environments:\n  t4: [sm7x, python]\n", "write it as a mapping"),
+    ("environments:\n  t4:\n    specs: 5\n", "must be a list of package specs"),
+    ("environments:\n  t4:\n    specs: [{a: 1}]\n", "must be a list of package specs"),
+    (b"\x00\xff\xfe\x80", "not a text file"),
+])
+def test_envs_file_errors_are_one_line(tmp_path, text, message):
+    """Before: AttributeError / TypeError / UnicodeDecodeError tracebacks."""
+    f = tmp_path / "envs.yaml"
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(AirgapError, match=message):
+        requests_from_args([], [], f)
+    assert requests_from_args([], [], _write(tmp_path / "ok.yaml", (
+        "environments:\n  t4:\n    specs: [sm7x, python=3.11]\n    cuda_arch: '7.5'\n")))[0].specs \
+        == ["sm7x", "python=3.11"]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 @pytest.mark.parametrize("env, message", [
     ("x=sm7x-nosuch", "No candidates were found for sm7x-nosuch"),
     ("x=sm7x,python 3.9.*", "cannot be solved"),

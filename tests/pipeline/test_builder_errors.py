@@ -3,6 +3,7 @@ never leaves a half-written channel behind."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,21 @@ def test_bad_variant_files(tmp_path, text, message):
     """A site file (read after default.yaml) that cannot build is refused before building."""
     f = tmp_path / "site.yaml"
     f.write_text(text)
+    with pytest.raises(BuildFailed, match=message):
+        variants.check(variants.resolve([str(f)]), bootstrap=True)
+
+
+@pytest.mark.parametrize("what, message", [
+    ("directory", "not a file"), ("binary", "not a text file"), ("ls", "not a text file")])
+def test_variants_that_are_no_yaml_file_give_one_line(tmp_path, what, message):
+    """Before: a traceback (IsADirectoryError, UnicodeDecodeError)."""
+    if what == "directory":
+        f = tmp_path
+    elif what == "binary":
+        f = tmp_path / "x.yaml"
+        f.write_bytes(b"\x00\xff\xfe\x80" * 16)
+    else:
+        f = Path(shutil.which("ls"))
     with pytest.raises(BuildFailed, match=message):
         variants.check(variants.resolve([str(f)]), bootstrap=True)
 

@@ -134,17 +134,30 @@ def requests_from_args(env_args: list[str], arch_args: list[str], envs_file: Pat
 
 def _requests_from_yaml(path: Path) -> list[EnvRequest]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise AirgapError(f"--envs {path}: not a text file (not UTF-8); it takes a YAML "
+                          f"file") from None
     except (OSError, yaml.YAMLError) as exc:
         raise AirgapError(f"--envs {path}: cannot read it ({exc})") from None
     envs = (data or {}).get("environments") if isinstance(data, dict) else None
     if not isinstance(envs, dict) or not envs:
         raise AirgapError(f"--envs {path}: expected `environments: {{NAME: {{specs: [...], cuda_arch: \"7.5\"}}}}`")
     out = []
+    form = "{NAME: {specs: [SPEC, ...], cuda_arch: \"7.5\"}}"
     for name, body in envs.items():
         body = body or {}
+        if not isinstance(body, dict):
+            raise AirgapError(f"--envs {path}: environment {name!r} is a "
+                              f"{type(body).__name__}; write it as a mapping: {form}")
         specs = body.get("specs", [])
-        specs = split_specs(specs) if isinstance(specs, str) else [str(s) for s in specs]
+        if isinstance(specs, str):
+            specs = split_specs(specs)
+        elif isinstance(specs, list) and all(isinstance(s, (str, int, float)) for s in specs):
+            specs = [str(s) for s in specs]
+        else:
+            raise AirgapError(f"--envs {path}: specs of {name!r} must be a list of package "
+                              f"specs or a comma-separated string, got {specs!r}")
         arch = body.get("cuda_arch")
         out.append(EnvRequest(str(name), specs, None if arch in (None, "", "none") else str(arch)))
     return out

@@ -51,8 +51,16 @@ def resolve(names: list[str]) -> list[Path]:
 def check(files: list[Path], bootstrap: bool) -> dict:
     merged: dict = {}
     for f in files:
+        if not f.is_file():
+            raise BuildFailed(f"{f}: not a file; --variants takes a variant name "
+                              f"(variants/NAME.yaml) or the path of a YAML file")
         try:
-            data = yaml.safe_load(f.read_text()) or {}
+            data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError:
+            raise BuildFailed(f"{f}: not a text file (not UTF-8); --variants takes a YAML "
+                              f"variant file") from None
+        except OSError as exc:
+            raise BuildFailed(f"{f}: cannot read it ({exc.strerror or exc})") from None
         except yaml.YAMLError as exc:
             raise BuildFailed(f"{f}: not valid YAML: {exc}") from exc
         if not isinstance(data, dict):
