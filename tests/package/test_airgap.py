@@ -572,3 +572,48 @@ def test_bundle_urls_must_name_a_package_file_of_its_channel(small):
     for bad in (f"{base}/noarch/../../bundle.json.conda", f"{base}/noarch/sub/a-1-0.conda", f"{base}x/noarch/a-1-0.conda",
                 f"{base}/noarch/notes.txt", f"{base}/a-1-0.conda", "https://evil.example/noarch/a-1-0.conda"):
         assert v.url_rel(bad, base) is None, bad
+
+
+def t_explicit_line_added_resealed(b, c, tmp):
+    """A package of the channel added to one environment's @EXPLICIT file, hashes sealed
+    again: every hash agrees; only the other records of that environment do not."""
+    cu75, login = b / "envs" / "cu75.txt", b / "envs" / "login.txt"
+    extra = next(line for line in cu75.read_text().splitlines()
+                 if line.startswith(("file:", "http")) and line not in login.read_text())
+    login.write_text(login.read_text().rstrip("\n") + "\n" + extra + "\n")
+    _rewrite_records(b, "envs/login.txt")
+    return ["verify", b, "--no-resolve"], "envs/login.txt", "lists other packages than pixi.lock"
+
+
+def t_explicit_line_removed_resealed(b, c, tmp):
+    login = b / "envs" / "login.txt"
+    lines = login.read_text().splitlines()
+    drop = next(i for i, line in enumerate(lines) if "/sm7x-fa2-" in line)
+    login.write_text("\n".join(lines[:drop] + lines[drop + 1:]) + "\n")
+    _rewrite_records(b, "envs/login.txt")
+    return ["verify", b, "--against", SMALL_SOURCE[0]], "envs/login.txt", "lists other packages than"
+
+
+def t_package_symlink_outside(b, c, tmp):
+    pkg = sm7x_pkg(b / "channel")
+    outside = tmp / "outside.conda"
+    shutil.copyfile(pkg, outside)
+    pkg.unlink()
+    pkg.symlink_to(outside)
+    return ["verify", b], f"channel/noarch/{pkg.name}", "a symbolic link"
+
+
+SMALL_SOURCE: list[Path] = []  # the original bundle of the test, for --against
+
+
+@pytest.mark.parametrize("make", [t_explicit_line_added_resealed, t_explicit_line_removed_resealed,
+                                  t_package_symlink_outside])
+def test_verify_catches_resealed_environment_edits_and_links(small, tmp_path, make):
+    b = tmp_path / "bundle"
+    shutil.copytree(small.out, b)
+    SMALL_SOURCE[:] = [small.out]
+    args, named, message = make(b, tmp_path / "c", tmp_path)
+    proc = airgap(*args)
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 1 and named in text and message in text, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr

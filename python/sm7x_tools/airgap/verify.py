@@ -20,7 +20,11 @@ other side can fetch them again. Every problem is reported, not just the first:
   channel: pixi.lock, envs/*.txt and bundle.json. Someone who alters a package and
   re-indexes passes a repodata-only check; these independent records still catch it. Every
   URL of pixi.lock and of every envs/*.txt must be a package file of the bundle's channel
-  (its base URL + `/<subdir>/<file>`, nothing else). Each
+  (its base URL + `/<subdir>/<file>`, nothing else). Each environment's package list
+  must be the same in pixi.lock and envs/NAME.txt (and, with `--against` a bundle, in the
+  source bundle's): a line added or removed with bundle.json and SHA256SUMS sealed again
+  agrees with its own hashes, not with the other records. A symbolic link is refused:
+  what it points to is not in what verify checked. Each
   environment is then solved again, offline, from the bundle's channel with its recorded
   virtual packages, and must give the packages of the lock.
 """
@@ -103,6 +107,11 @@ class _Verifier:
         self.accounted = {self.rel(self.channel / STAMP)}  # files a record lists; ./build.sh's stamp
         self.reported: set[str] = set()  # files already named by a problem of their own
         self.against: set[str] | None = None  # with --against: the package files of the sources
+        # per environment: the package files its pixi.lock entry and its envs/NAME.txt name
+        self.lock_files: dict[str, set[str]] = {}
+        self.explicit_files: dict[str, set[str]] = {}
+        # with --against a bundle: the same, from the source bundle ("--against DIR")
+        self.ref_envs: dict[str, dict[str, set[str]]] = {}
 
     def rel(self, path: Path) -> str:
         return str(path.relative_to(self.root))
@@ -240,6 +249,7 @@ class _Verifier:
                     self.problem(path, f"environment {name!r}: {rec.url} is outside the bundle's channel {base}")
                     continue
                 self.expect[rel].append(("pixi.lock", name, rec.sha256.hex() if rec.sha256 else None, rec.size))
+                self.lock_files.setdefault(name, set()).add(rel)
 
     def read_sha256sums(self, path: Path) -> None:
         if not path.is_file():
@@ -267,6 +277,7 @@ class _Verifier:
             if rel is None:
                 self.problem(path, f"{url} is outside the bundle's channel {base}")
                 continue
+            self.explicit_files.setdefault(path.stem, set()).add(rel)
             sha = frag.removeprefix("sha256:")  # CEP 23 allows the prefix; we write none
             if len(sha) != 64:
                 self.problem(path, f"{url}: no #<sha256> after the URL", FIX_BUNDLE)
@@ -291,6 +302,29 @@ class _Verifier:
                 size = f" (size {got.size}, recorded {sizes.pop()})" if sizes and got.size not in sizes else ""
                 self.problem(rel, f"sha256 is {short(got.sha256)} but {short(sha)} is expected by "
                                   f"{_sources(recs)}{size}: the file changed after it was recorded")
+
+    def compare_environments(self) -> None:
+        """Each environment's package list in pixi.lock and in envs/NAME.txt must be the
+        same, and (with --against a bundle) the source bundle's: a line added to or removed
+        from one record, with bundle.json and SHA256SUMS sealed again, agrees with its own
+        hashes but not with the other records."""
+        for name in sorted(self.manifest["environments"] if self.manifest else []):
+            lock, explicit = self.lock_files.get(name, set()), self.explicit_files.get(name, set())
+            records = {"pixi.lock": lock, f"envs/{name}.txt": explicit}
+            for ref, envs in self.ref_envs.items():
+                for what, files in envs.get(name, {}).items():
+                    records[f"{ref} {what}"] = files
+            for ref, envs in self.ref_envs.items():
+                if name not in envs:
+                    self.problem(f"envs/{name}.txt", f"environment {name!r} is not in {ref}")
+            first = f"envs/{name}.txt"
+            for what, files in records.items():
+                if what == first or files == explicit:
+                    continue
+                diff = [f"+{Path(f).name}" for f in sorted(explicit - files)] + \
+                       [f"-{Path(f).name}" for f in sorted(files - explicit)]
+                self.problem(first, f"environment {name!r} lists other packages than {what}: "
+                                    f"{' '.join(diff)}")
 
     # --- dependencies and the offline solve ----------------------------------------------
 
@@ -349,6 +383,8 @@ class _Verifier:
         """
         ref_channel = ref / "channel" if (ref / "bundle.json").exists() else ref
         prefix = "channel/" if self.bundle else ""
+        if self.bundle and (ref / "bundle.json").exists():
+            self.ref_envs[f"--against {ref}"] = _bundle_environments(ref)
         self.against = self.against or set()
         for sub in subdirs(ref_channel):
             repodata = sub / "repodata.json"
@@ -365,7 +401,12 @@ class _Verifier:
         """Every file (and link) under the directory must be one a record accounts for."""
         for path in sorted(self.root.rglob("*")):
             rel = self.rel(path)
-            if path.is_dir() and not path.is_symlink():
+            if path.is_symlink():  # what it points to lies outside what verify vouches for
+                self.reported.add(rel)
+                self.problem(path, f"a symbolic link (to {path.readlink()}): verify checks only files that lie "
+                                   "in the directory", "replace the link by the file itself (cp -L), then verify again")
+                continue
+            if path.is_dir():
                 continue
             if is_package(path) and self.against is not None and rel in self.accounted and rel not in self.against:
                 self.problem(path, "a package that no --against source has: it was added to this copy",
@@ -391,6 +432,8 @@ class _Verifier:
             self.read_bundle()
         for ref in against:
             self.read_reference(ref)
+        if self.bundle:
+            self.compare_environments()
         self.compare()
         self.check_unaccounted()
         self.check_dependencies()
@@ -398,6 +441,30 @@ class _Verifier:
             self.resolve_envs()
         self.report.seconds = time.monotonic() - start
         return self.report
+
+
+def _bundle_environments(bundle: Path) -> dict[str, dict[str, set[str]]]:
+    """A bundle's environments: name -> {"pixi.lock": files, "envs/NAME.txt": files}, the
+    package files as channel/<subdir>/<file> (what --against compares)."""
+    out: dict[str, dict[str, set[str]]] = defaultdict(dict)
+    try:
+        lock = LockFile.from_path(bundle / "pixi.lock")
+        for name, env in lock.environments():
+            out[name]["pixi.lock"] = {_channel_rel(r.url) for recs in env.conda_repodata_records().values()
+                                      for r in recs}
+        for path in sorted((bundle / "envs").glob("*.txt")):
+            spec = ExplicitEnvironmentSpec.from_path(path)
+            out[path.stem][f"envs/{path.stem}.txt"] = {_channel_rel(e.url.partition("#")[0])
+                                                       for e in spec.packages}
+    except READ_ERRORS as exc:
+        raise AirgapError(f"--against {bundle}: cannot read its environments ({exc})") from None
+    return out
+
+
+def _channel_rel(url: str) -> str:
+    """channel/<subdir>/<file> of a package URL (the last two path parts)."""
+    parts = unquote(url).rstrip("/").split("/")
+    return "channel/" + "/".join(parts[-2:])
 
 
 def _sources(records) -> str:
