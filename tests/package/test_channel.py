@@ -42,6 +42,28 @@ def test_repodata_is_monolithic_in_every_subdir():
         assert "packages.conda" in data
 
 
+def test_index_is_repeatable_and_leaves_no_scratch(tmp_path):
+    """Before: each record's indexed_timestamp was the time of indexing (two indexings of the
+    same packages differed) and the indexer's empty .tmp/ was published with the channel."""
+    import shutil
+    import time
+
+    from sm7x_tools.channel import index_dir
+
+    assert not (CHANNEL / ".tmp").exists()
+    copy = tmp_path / "ch"
+    for sub in SUBDIRS:
+        (copy / sub).mkdir(parents=True)
+        for pkg in sorted((CHANNEL / sub).glob("*.conda"))[:3]:
+            shutil.copyfile(pkg, copy / sub / pkg.name)
+    index_dir(copy)
+    first = {sub: (copy / sub / "repodata.json").read_bytes() for sub in SUBDIRS}
+    time.sleep(1.1)
+    index_dir(copy)
+    assert first == {sub: (copy / sub / "repodata.json").read_bytes() for sub in SUBDIRS}
+    assert sorted(p.name for p in copy.iterdir()) == sorted(SUBDIRS)
+
+
 def test_channel_holds_one_ext_per_python_and_one_noarch_sm7x():
     rows = records(CHANNEL)
     ext = [r for r in rows if r["name"] == "sm7x-ext"]

@@ -198,3 +198,50 @@ def test_run_exports_in_any_order_normalize_to_the_same_metadata():
     (r, i), = out
     assert json.loads(i)["timestamp"] == 7000
     assert b"    - variant: python\n      spec: python 3.12.*\n    - spec: __glibc" in r  # others kept
+
+
+def test_resolved_records_in_any_order_normalize_to_the_same_recipe():
+    """The solver returns a resolved environment's records in an order that varied from
+    build to build (finalized_cache_dependencies.host.resolved of a CUDA package, seen both
+    ways over 3 builds): every `resolved:` list is sorted, its records kept whole."""
+    import itertools
+    import random
+
+    import yaml
+
+    from sm7x_tools.repro import normalize as N
+
+    def record(name, deps):
+        dep_lines = "".join(f"      - {d}\n" for d in deps) if deps else ""
+        return (f"    - build: h0_0\n      depends:{'' if deps else ' []'}\n{dep_lines}"
+                f"      name: {name}\n      run_exports:\n        strong:\n        - {name} >=1\n"
+                f"      version: '1.0'\n")
+
+    host = [record("libtorch", ["libgcc >=12"]), record("python", []),
+            record("cuda-cudart", ["cuda-version 12.4.*", "libgcc"])]
+    build = [record("ninja", []), record("cmake", ["libstdcxx"])]
+
+    def recipe(h, b):
+        return ("finalized_cache_dependencies:\n  build:\n    specs:\n    - source: cmake\n"
+                "    - source: ninja\n    resolved:\n" + "".join(b) +
+                "  host:\n    specs:\n    - source: python\n    resolved:\n" + "".join(h) +
+                "finalized_cache_sources: []\n").encode()
+
+    rng = random.Random(0)
+    out = set()
+    for h in itertools.permutations(host):
+        b = build[:]
+        rng.shuffle(b)
+        out.add(N._info(tarfile.TarInfo("info/recipe/rendered_recipe.yaml"), recipe(h, b), 7, {},
+                        None, {}))
+    assert len(out) == 1
+    (text,) = out
+    doc = yaml.safe_load(text)  # still the same YAML, records whole
+    original = yaml.safe_load(recipe(host, build))
+    for env in ("build", "host"):
+        got = doc["finalized_cache_dependencies"][env]
+        want = original["finalized_cache_dependencies"][env]
+        assert got["specs"] == want["specs"]  # the recipe's order is kept
+        key = lambda r: r["name"]  # noqa: E731
+        assert sorted(got["resolved"], key=key) == sorted(want["resolved"], key=key)
+    assert doc["finalized_cache_sources"] == []

@@ -180,9 +180,19 @@ def index_dir(directory: Path) -> None:
         (directory / sub).mkdir(parents=True, exist_ok=True)
     asyncio.run(index.index_fs(directory, write_zst=False, write_shards=False, force=True))
     for sub in SUBDIRS:
-        data = json.loads((directory / sub / "repodata.json").read_text())
+        path = directory / sub / "repodata.json"
+        data = json.loads(path.read_text())
         if "packages.conda" not in data:
             raise BuildFailed(f"indexing {directory / sub} wrote no monolithic repodata.json")
+        # rattler stamps each record with the time of indexing: the package's own
+        # (normalized) timestamp instead, so that the same packages index to the same bytes
+        for group in ("packages", "packages.conda"):
+            for rec in data.get(group, {}).values():
+                if "indexed_timestamp" in rec:
+                    rec["indexed_timestamp"] = rec.get("timestamp", 0)
+        path.write_text(json.dumps(data, separators=(",", ":")))
+    # the indexer's scratch directory, left empty behind: not part of a channel
+    shutil.rmtree(directory / ".tmp", ignore_errors=True)
 
 
 def records(channel: Path) -> list[dict]:

@@ -10,7 +10,9 @@ A .conda is a stored zip of metadata.json, pkg-*.tar.zst (the files) and info-*.
   (__linux, __archspec, __cuda*) left out (they do not enter the build), and the map of
   staged libraries to packages, which rattler-build writes in hash order, sorted, and the
   run exports (index.json's depends / constrains, the rendered recipe's run_export items),
-  which it lists in no fixed order, sorted,
+  which it lists in no fixed order, sorted, and the records of every resolved environment
+  (the rendered recipe's `resolved:` lists), which come in the solver's varying order,
+  sorted,
 - the host prefix (rattler-build pads it to 255 bytes, and a file that holds it is listed
   in paths.json with it as prefix_placeholder, replaced at install time) replaced by a fixed
   one of the same length in those files and in paths.json, whose sha256s (of those files
@@ -51,6 +53,36 @@ _HASH_ORDERED = re.compile(r"^(staging_library_name_map:\n(?:  \S.*:\n)?)((?:   
 # "- spec / from / run_export" items (sorted as items), in index.json depends/constrains
 _RUN_EXPORT_ITEM = r"- spec: .*\n(?P=ind)  from: .*\n(?P=ind)  run_export: .*\n"
 _RUN_EXPORTS = re.compile(r"^(?P<ind> *)" + _RUN_EXPORT_ITEM + r"(?:(?P=ind)" + _RUN_EXPORT_ITEM + r")*", re.M)
+
+
+# lists whose order is the solver's, not the recipe's: the records of each resolved
+# environment (finalized_dependencies and finalized_cache_dependencies, build and host)
+_SOLVER_ORDERED_KEYS = ("resolved",)
+
+
+def _sort_solver_lists(text: str) -> str:
+    """Sorts the items of every YAML block list under a key of _SOLVER_ORDERED_KEYS, each
+    item (its "- " line and the lines indented under it) as one block of text. The solver
+    returns the same records in an order that varies from build to build."""
+    lines = text.splitlines(True)
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        key = line.strip()
+        if not (key.endswith(":") and key[:-1] in _SOLVER_ORDERED_KEYS):
+            continue
+        ind = line[:len(line) - len(line.lstrip())]
+        items: list[str] = []
+        while i < len(lines) and lines[i].startswith(ind + "- "):
+            j = i + 1
+            while j < len(lines) and lines[j].startswith(ind + "  "):
+                j += 1
+            items.append("".join(lines[i:j]))
+            i = j
+        out.extend(sorted(items))
+    return "".join(out)
 
 
 def _sorted_run_exports(m: re.Match) -> str:
@@ -159,6 +191,7 @@ def _info(member, data, epoch, paths, prefix, new_sha):
         text = _MACHINE_VPKG.sub("", text)
         text = _HASH_ORDERED.sub(lambda m: m.group(1) + "".join(sorted(m.group(2).splitlines(True))), text)
         text = _RUN_EXPORTS.sub(_sorted_run_exports, text)
+        text = _sort_solver_lists(text)
     elif member.name == "info/paths.json" and new_sha:
         doc = json.loads(text)
         for entry in doc.get("paths", []):
