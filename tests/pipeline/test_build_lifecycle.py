@@ -251,3 +251,25 @@ def test_a_second_build_of_the_tree_is_refused_while_one_runs(tree, tmp_path):
         proc.terminate()
         finish(proc)
         assert gone(pids)
+
+
+def test_build_end_reaches_processes_in_groups_of_their_own(tmp_path):
+    """ninja starts each compiler in a process group of its own: a signal to the build's
+    group never reaches it. The build's token in their environment does."""
+    pidfile = tmp_path / "pid"
+    child = (f"import subprocess, sys; p = subprocess.Popen(['sleep', '300'], "
+             f"start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid))")
+    assert lifecycle.run_group([sys.executable, "-c", child], tmp_path / "group.json") == 0
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break  # gone (reaped by init)
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("a process of the build in a group of its own outlived the build")

@@ -56,17 +56,22 @@ def interruptible():
 # --- the build's process group ------------------------------------------------------------
 
 def members(pgid: int, token: str | None = None) -> list[int]:
-    """Live processes of group `pgid` (zombies excluded: they run nothing), optionally only
-    those whose environment carries the build's token (a recycled group id is not ours)."""
+    """Live processes of the build (zombies excluded: they run nothing). With the build's
+    token: every process whose environment carries it, in whatever process group (ninja
+    starts each compiler in a group of its own, out of reach of a signal to the build's
+    group); without: the processes of group `pgid`."""
     found = []
+    mark = f"{TOKEN_ENV}={token}".encode() if token is not None else None
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid or fields[0] == "Z":
+            if fields[0] == "Z":
                 continue
-            if token is not None and f"{TOKEN_ENV}={token}".encode() not in (proc / "environ").read_bytes().split(b"\0"):
+            if mark is None and int(fields[2]) != pgid:
+                continue
+            if mark is not None and mark not in (proc / "environ").read_bytes().split(b"\0"):
                 continue
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile, or not ours to read
@@ -82,6 +87,9 @@ def end_group(pgid: int, token: str | None = None, grace: float = 5.0) -> int:
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
+        for pid in members(pgid, token):  # those in groups of their own
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
         deadline = time.monotonic() + wait
         while members(pgid, token) and time.monotonic() < deadline:
             time.sleep(0.05)
