@@ -19,7 +19,7 @@ import struct
 from pathlib import Path
 
 _ELF_MAGIC = b"\x7fELF"
-_ET_DYN, _PT_LOAD = 3, 1
+_ET_DYN, _PT_LOAD, _SHT_STRTAB = 3, 1, 3
 
 
 def search(dirs: list[Path], name: str) -> tuple[Path | None, list[str]]:
@@ -55,11 +55,15 @@ def problem(path: Path) -> str | None:
             if e_type != _ET_DYN:
                 return f"the file is an ELF file of type {e_type}, not a shared library"
             phoff, shoff = struct.unpack_from("<QQ", head, 32)
-            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+            phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from("<HHHHH", head, 54)
             if phoff + phnum * phentsize > size:
                 return _truncated(size, phoff + phnum * phentsize, "its program headers")
             f.seek(phoff)
             table = f.read(phnum * phentsize)
+            names_type = None
+            if shoff and shstrndx < shnum and shoff + shnum * shentsize <= size:
+                f.seek(shoff + shstrndx * shentsize + 4)
+                names_type = struct.unpack("<I", f.read(4))[0]
     except OSError as exc:
         return f"the file cannot be read ({exc.strerror or exc})"
     for i in range(phnum):
@@ -68,6 +72,11 @@ def problem(path: Path) -> str | None:
             return _truncated(size, p_offset + p_filesz, f"its loadable segment {i}")
     if shoff and shoff + shnum * shentsize > size:
         return _truncated(size, shoff + shnum * shentsize, "its section header table")
+    if names_type is not None and names_type != _SHT_STRTAB:
+        # the file has its full size but its end is not what was written: a copy that
+        # reserved the space (preallocated, sparse) and stopped before filling it
+        return ("the file's end is not an ELF section table (it reads as zeros or other "
+                "bytes): an interrupted copy that had already set the file's size?")
     return None
 
 

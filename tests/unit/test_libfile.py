@@ -148,3 +148,13 @@ def test_load_failure_blames_torch_only_for_missing_torch_symbols():
     assert "torch >= 2.10" in _libfile.load_failure(old, "2.9.1")
     other = OSError("_core.abi3.so: invalid ELF header")
     assert _libfile.load_failure(other, "2.13.0") == "_core.abi3.so: invalid ELF header"
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.95])
+def test_full_size_but_zero_filled_tail(real_library, tmp_path, keep):
+    """An interrupted copy onto a filesystem that had already set the size (preallocated or
+    sparse): every length checks out, the tail is zeros."""
+    data = real_library.read_bytes()
+    cut = int(len(data) * keep)
+    (tmp_path / "lib.so").write_bytes(data[:cut] + b"\0" * (len(data) - cut))
+    assert "interrupted copy" in _libfile.problem(tmp_path / "lib.so")
