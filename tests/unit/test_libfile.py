@@ -158,3 +158,23 @@ def test_full_size_but_zero_filled_tail(real_library, tmp_path, keep):
     cut = int(len(data) * keep)
     (tmp_path / "lib.so").write_bytes(data[:cut] + b"\0" * (len(data) - cut))
     assert "interrupted copy" in _libfile.problem(tmp_path / "lib.so")
+
+
+def test_doctor_with_an_unsearchable_library_path_reports_it(tmp_path, monkeypatch):
+    """Before: doctor crashed with a PermissionError traceback when a GPU was present."""
+    from sm7x import doctor
+
+    bad = tmp_path / "locked"
+    real_is_file = Path.is_file
+
+    def is_file(self):
+        if self.parent == bad:
+            raise PermissionError(13, "Permission denied")
+        return real_is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    monkeypatch.setenv(_select.LIBRARY_PATH_ENV, str(bad))
+    monkeypatch.delenv(_select.FORCE_ENV, raising=False)
+    info = doctor.collect([_select.Device(0, "Tesla T4", (7, 5))], package_dir=tmp_path)
+    assert any(f"cannot search {bad}: Permission denied" in w for w in info["warnings"])
+    assert "cannot search" in doctor.render(info)
