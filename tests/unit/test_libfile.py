@@ -60,27 +60,31 @@ def test_unreadable(tmp_path):
     assert "cannot be read" in _libfile.problem(tmp_path / "lib.so")
 
 
-def test_search_skips_and_names_an_unsearchable_directory(tmp_path, monkeypatch):
-    bad, good = tmp_path / "bad", tmp_path / "good"
-    good.mkdir()
-    (good / "x.so").write_bytes(b"")
+def _lock_directory(monkeypatch, locked: Path) -> None:
+    """Searching `locked` fails as a directory without x permission does (as root, chmod
+    cannot make one)."""
     real_is_file = Path.is_file
 
     def is_file(self):
-        if self.parent == bad:
+        if self.parent == locked:
             raise PermissionError(13, "Permission denied")
         return real_is_file(self)
 
     monkeypatch.setattr(Path, "is_file", is_file)
+
+
+def test_search_skips_and_names_an_unsearchable_directory(tmp_path, monkeypatch):
+    bad, good = tmp_path / "bad", tmp_path / "good"
+    good.mkdir()
+    (good / "x.so").write_bytes(b"")
+    _lock_directory(monkeypatch, bad)
     assert _libfile.search([bad, good], "x.so") == (good / "x.so", [f"{bad}: Permission denied"])
     assert _libfile.search([bad], "x.so") == (None, [f"{bad}: Permission denied"])
 
 
 def test_unsearchable_library_path_is_a_library_error(tmp_path, monkeypatch):
     """Before: a bare PermissionError from Path.is_file reached the ops."""
-    real_is_file = Path.is_file
-    monkeypatch.setattr(Path, "is_file", lambda self: (_ for _ in ()).throw(
-        PermissionError(13, "Permission denied")) if self.parent == tmp_path else real_is_file(self))
+    _lock_directory(monkeypatch, tmp_path)
     monkeypatch.setenv(_select.LIBRARY_PATH_ENV, str(tmp_path))
     assert _select.library_search("sm75")[1] == [f"{tmp_path}: Permission denied"]
     sel = _select.Selection("sm75", "test")
@@ -165,14 +169,7 @@ def test_doctor_with_an_unsearchable_library_path_reports_it(tmp_path, monkeypat
     from sm7x import doctor
 
     bad = tmp_path / "locked"
-    real_is_file = Path.is_file
-
-    def is_file(self):
-        if self.parent == bad:
-            raise PermissionError(13, "Permission denied")
-        return real_is_file(self)
-
-    monkeypatch.setattr(Path, "is_file", is_file)
+    _lock_directory(monkeypatch, bad)
     monkeypatch.setenv(_select.LIBRARY_PATH_ENV, str(bad))
     monkeypatch.delenv(_select.FORCE_ENV, raising=False)
     info = doctor.collect([_select.Device(0, "Tesla T4", (7, 5))], package_dir=tmp_path)
