@@ -4,31 +4,6 @@
 # CMake builds one FA2 library per arch of python/sm7x/targets.json in that list, and
 # refuses an arch the variant's nvcc cannot target (targets.json: cuda_max_major).
 set -euo pipefail
-
-# Once per build, not once per output: rattler-build runs a staging script again for each
-# output that inherits it (sm7x-core, sm7x-fa2-sm70, sm7x-fa2-sm75), with the same inputs.
-# With $SM7X_STAGING_CACHE set (./build.sh sets it inside its work directory, which goes
-# with the build), the first run keeps what it installed under a key of everything the
-# compile reads (this script, the variant's archs, csrc/ and targets.json, the build and
-# host environments' packages), and a later run with the same key installs that instead
-# of compiling again. Unset (plain rattler-build, conda-build): every run compiles.
-cache_entry=
-if [[ -n ${SM7X_STAGING_CACHE:-} ]]; then
-  key=$({
-    cat "${BASH_SOURCE[0]}"
-    echo "archs=$SM7X_CUDA_ARCHS"
-    find csrc python/sm7x/targets.json -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
-    for env in "$BUILD_PREFIX" "$PREFIX"; do ls "$env/conda-meta" | LC_ALL=C sort; done
-  } | sha256sum | cut -c1-32)
-  cache_entry=$SM7X_STAGING_CACHE/cuda-$key.tar
-  if [[ -f $cache_entry ]]; then
-    echo "sm7x: same inputs as an earlier output of this build (key $key): installing its libraries"
-    mkdir -p "$SP_DIR"
-    tar -C "$SP_DIR" -xf "$cache_entry"
-    exit 0
-  fi
-fi
-
 # Reproducible libraries: rattler-build exports LD_RUN_PATH=$PREFIX/lib, which the linker
 # writes into the library (and hashes into its GNU build-id) before rattler-build rewrites
 # it to $ORIGIN/..; it adds that same rpath when packaging either way (rpaths: lib/).
@@ -45,9 +20,3 @@ cmake -S csrc -B _build_cuda -G Ninja \
   -DCMAKE_INSTALL_PREFIX="$SP_DIR"
 cmake --build _build_cuda --parallel "${CPU_COUNT:-2}"
 cmake --install _build_cuda
-
-if [[ -n $cache_entry ]]; then  # written whole, then renamed: a partial entry is never read
-  mkdir -p "$SM7X_STAGING_CACHE"
-  tar -C "$SP_DIR" -cf "$cache_entry.partial" sm7x
-  mv "$cache_entry.partial" "$cache_entry"
-fi

@@ -33,8 +33,7 @@ OUTPUT = REPO / "channel"
 LOCK = STATE / "build.lock"
 # the work trees of the two builds, removed when a build ends (a failed bootstrap build keeps
 # its work tree, where its log is, until the next start)
-# the build's work tree, the bootstrap's, and the CUDA staging's cache of one build
-WORK_DIRS = [STATE / "build" / "work", STATE / "bootstrap" / "work", STATE / "build" / "staging-cache"]
+WORK_DIRS = [STATE / "build" / "work", STATE / "bootstrap" / "work"]
 
 
 def parse(argv):
@@ -113,21 +112,17 @@ def left_as_it_was(out: Path, before: str | None) -> str:
 
 def build_main(variant_files, channels, out, stamp, epoch, test=True):
     console.rule("sm7x packages")
-    work, staging_cache = WORK_DIRS[0], WORK_DIRS[2]
-    for d in (work, staging_cache):
-        shutil.rmtree(d, ignore_errors=True)
+    work = WORK_DIRS[0]
+    shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     log = STATE / "build" / "build.log"  # kept after the build, for reading what ran
     log.unlink(missing_ok=True)
     try:
-        # the CUDA staging compiles once per build (recipe/scripts/build_cuda.sh)
         rattler_build.build(RECIPE, output_dir=work, channels=[work.as_uri(), *channels],
-                            variant_files=variant_files, logfile=log, test=test,
-                            staging_cache=staging_cache)
+                            variant_files=variant_files, logfile=log, test=test)
         publish(work, out, stamp, epoch)
     finally:  # done, failed or interrupted: the work tree (up to about 1 GB) goes
-        for d in (work, staging_cache):
-            shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def summary(out, channels, seconds):

@@ -24,7 +24,6 @@ from ..ui import console
 from . import BuildFailed, lifecycle
 
 GROUP_FILE = STATE / "build" / "group.json"  # the running build's process group, for the next start
-STAGING_CACHE_ENV = "SM7X_STAGING_CACHE"  # read by recipe/scripts/build_cuda.sh
 
 
 class _Progress:
@@ -79,12 +78,10 @@ def worker_argv(spec: Path) -> list[str]:
 
 def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],
           logfile: Path, test: bool = True, outputs: list[str] | None = None,
-          variant: dict[str, str] | None = None, staging_cache: Path | None = None) -> None:
+          variant: dict[str, str] | None = None) -> None:
     """Build every variant of one recipe into output_dir (or those of `outputs` whose variant
     has the values in `variant`), in a worker process whose process group is ended with the
-    build; raises BuildFailed with the worker's message. `staging_cache`: where the CUDA
-    staging script keeps what it compiled for the next output of the same inputs
-    (recipe/scripts/build_cuda.sh; the caller removes it with the build)."""
+    build; raises BuildFailed with the worker's message."""
     spec, result = logfile.with_suffix(".spec.json"), logfile.with_suffix(".result.json")
     result.unlink(missing_ok=True)
     spec.write_text(json.dumps({"recipe": str(recipe), "output_dir": str(output_dir), "channels": channels,
@@ -92,11 +89,8 @@ def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files:
                                 "test": test, "result": str(result), "outputs": outputs, "variant": variant}))
     try:
         # the worker imports the tools from the source tree, then drops PYTHONPATH before building
-        env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
-        env.pop(STAGING_CACHE_ENV, None)
-        if staging_cache is not None:
-            env[STAGING_CACHE_ENV] = str(staging_cache)
-        status = lifecycle.run_group(worker_argv(spec), GROUP_FILE, env=env)
+        status = lifecycle.run_group(worker_argv(spec), GROUP_FILE,
+                                     env={**os.environ, "PYTHONPATH": str(REPO / "python")})
         outcome = json.loads(result.read_text()) if result.exists() else {}
     except ValueError:
         outcome = {}
