@@ -4,6 +4,35 @@
 # CMake builds one FA2 library per arch of python/sm7x/targets.json in that list, and
 # refuses an arch the variant's nvcc cannot target (targets.json: cuda_max_major).
 set -euo pipefail
+
+# Once per build, not once per output. rattler-build runs a staging script again for each
+# output that inherits it (sm7x-core, sm7x-fa2-sm70, sm7x-fa2-sm75): py-rattler-build gives
+# each output its own build directory, and the host prefix is part of its staging cache
+# key, so its own cache never hits. The first run here keeps what it installed under a key
+# of everything the compile reads (this script, the variant's archs, csrc/ and
+# targets.json, the build and host environments' packages); a later run with the same key
+# installs that instead of compiling. The entries live next to rattler-build's build
+# directories ($SRC_DIR is <output dir>/bld/rattler-build_<output>_<time>/work), so they
+# go with the output directory (./build.sh removes its own when the build ends). Any
+# other layout: every run compiles, as before.
+cache_entry=
+bld=$(cd "$SRC_DIR/../.." && pwd)
+if [[ ${bld##*/} == bld && -f $bld/../.condapackageignore ]]; then
+  key=$({
+    cat "${BASH_SOURCE[0]}"
+    echo "archs=$SM7X_CUDA_ARCHS"
+    (cd "$SRC_DIR" && find csrc python/sm7x/targets.json -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+    for env in "$BUILD_PREFIX" "$PREFIX"; do ls "$env/conda-meta" | LC_ALL=C sort; done
+  } | sha256sum | cut -c1-32)
+  cache_entry=$bld/sm7x-cuda-staging/$key.tar
+  if [[ -f $cache_entry ]]; then
+    echo "sm7x: same inputs as an earlier output of this build (key $key): installing its libraries"
+    mkdir -p "$SP_DIR"
+    tar -C "$SP_DIR" -xf "$cache_entry"
+    exit 0
+  fi
+fi
+
 # Reproducible libraries: rattler-build exports LD_RUN_PATH=$PREFIX/lib, which the linker
 # writes into the library (and hashes into its GNU build-id) before rattler-build rewrites
 # it to $ORIGIN/..; it adds that same rpath when packaging either way (rpaths: lib/).
@@ -20,3 +49,9 @@ cmake -S csrc -B _build_cuda -G Ninja \
   -DCMAKE_INSTALL_PREFIX="$SP_DIR"
 cmake --build _build_cuda --parallel "${CPU_COUNT:-2}"
 cmake --install _build_cuda
+
+if [[ -n $cache_entry ]]; then  # written whole, then renamed: a partial entry is never read
+  mkdir -p "${cache_entry%/*}"
+  tar -C "$SP_DIR" -cf "$cache_entry.partial" sm7x
+  mv "$cache_entry.partial" "$cache_entry"
+fi
