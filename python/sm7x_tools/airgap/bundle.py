@@ -272,8 +272,11 @@ def _toml_deps(specs: list[str]) -> list[str]:
     return out
 
 
-def _write_pixi_toml(path: Path, envs: list[SolvedEnv], channel_url: str) -> None:
-    """A manifest matching pixi.lock: one feature and environment per NAME, `default` as in the lock."""
+def pixi_toml(envs: list[SolvedEnv], channel_url: str) -> str:
+    """The manifest matching pixi.lock: one feature and environment per NAME, `default` as in
+    the lock. A function of what bundle.json records (names, specs, virtual packages,
+    channel URL), so verify can write it again and compare: pixi runs a manifest's
+    activation scripts and tasks, which no other record of the bundle would show."""
     default = next((e for e in envs if e.request.name == "default"), envs[0])
     lines = [
         "# The pixi manifest that goes with pixi.lock (written by ./airgap.sh bundle).",
@@ -298,7 +301,7 @@ def _write_pixi_toml(path: Path, envs: list[SolvedEnv], channel_url: str) -> Non
     if named:
         lines += ["", "[environments]"]
         lines += [f'{e.request.name} = {{ features = ["{e.request.name}"], no-default-feature = true }}' for e in named]
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def _cuda_version(env: SolvedEnv) -> str:
@@ -366,7 +369,7 @@ def bundle(out: Path, requests: list[EnvRequest], channels: list[Path], base_url
         _copy_packages(union, tmp / "channel", hardlink)
         index(tmp / "channel")
         _write_lock(tmp / "pixi.lock", envs, channel_url)
-        _write_pixi_toml(tmp / "pixi.toml", envs, channel_url)
+        (tmp / "pixi.toml").write_text(pixi_toml(envs, channel_url))
         (tmp / "envs").mkdir()
         for env in envs:
             _write_explicit(tmp / "envs" / f"{env.request.name}.txt", env, channel_url, created, tools)

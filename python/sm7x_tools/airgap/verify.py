@@ -24,7 +24,9 @@ other side can fetch them again. Every problem is reported, not just the first:
   must be the same in pixi.lock and envs/NAME.txt (and, with `--against` a bundle, in the
   source bundle's): a line added or removed with bundle.json and SHA256SUMS sealed again
   agrees with its own hashes, not with the other records. A symbolic link is refused:
-  what it points to is not in what verify checked. Each
+  what it points to is not in what verify checked. pixi.toml must say what bundle.json's
+  environments give (compared as TOML): pixi runs a manifest's activation scripts and
+  tasks, and `pixi install --frozen` installs the lock whatever else it says. Each
   environment is then solved again, offline, from the bundle's channel with its recorded
   virtual packages, and must give the packages of the lock.
 """
@@ -34,6 +36,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import tomllib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,6 +329,35 @@ class _Verifier:
                 self.problem(first, f"environment {name!r} lists other packages than {what}: "
                                     f"{' '.join(diff)}")
 
+    def check_pixi_toml(self) -> None:
+        """pixi.toml must say what bundle.json's environments give (bundle.pixi_toml), compared
+        as TOML (comments and layout aside). pixi runs a manifest's activation scripts and
+        tasks, and `pixi install --frozen` installs the lock whatever else the manifest says,
+        so an edit there, sealed again, would show in no other record."""
+        from .bundle import EnvRequest, SolvedEnv, pixi_toml
+
+        path = self.root / "pixi.toml"
+        self.accounted.add(self.rel(path))
+        try:
+            envs = [SolvedEnv(EnvRequest(name, list(e["specs"]), e.get("cuda_arch")), list(e["virtual_packages"]))
+                    for name, e in self.manifest["environments"].items()]
+            want = tomllib.loads(pixi_toml(envs, self.manifest["channel_url"]))
+        except (KeyError, TypeError, AttributeError, ValueError, StopIteration, *RATTLER_ERRORS) as exc:
+            self.problem(self.root / "bundle.json", f"its environments do not make a pixi manifest ({exc})")
+            return
+        try:
+            got = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            self.problem(path, "is missing (bundle.json lists it)")
+            return
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            self.problem(path, f"does not parse as TOML ({exc})")
+            return
+        diff = _toml_differences(got, want)
+        if diff:
+            self.problem(path, "is not the manifest of the environments bundle.json records: "
+                               + "; ".join(diff[:6]) + (f" (+{len(diff) - 6} more)" if len(diff) > 6 else ""))
+
     # --- dependencies and the offline solve ----------------------------------------------
 
     def check_dependencies(self) -> None:
@@ -434,6 +466,8 @@ class _Verifier:
             self.read_reference(ref)
         if self.bundle:
             self.compare_environments()
+            if self.manifest is not None:
+                self.check_pixi_toml()
         self.compare()
         self.check_unaccounted()
         self.check_dependencies()
@@ -459,6 +493,23 @@ def _bundle_environments(bundle: Path) -> dict[str, dict[str, set[str]]]:
     except READ_ERRORS as exc:
         raise AirgapError(f"--against {bundle}: cannot read its environments ({exc})") from None
     return out
+
+
+def _toml_differences(got, want, where: str = "") -> list[str]:
+    """What a parsed TOML document has that the expected one lacks, and the reverse, as
+    dotted keys: ["activation.scripts added", "dependencies.sm7x is '*', not '0.1.0'"]."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        out = []
+        for key in sorted(set(got) | set(want)):
+            at = f"{where}.{key}" if where else key
+            if key not in want:
+                out.append(f"{at} added")
+            elif key not in got:
+                out.append(f"{at} missing")
+            else:
+                out += _toml_differences(got[key], want[key], at)
+        return out
+    return [] if got == want else [f"{where or 'the document'} is {got!r}, not {want!r}"]
 
 
 def _channel_rel(url: str) -> str:
