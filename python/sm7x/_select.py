@@ -309,7 +309,9 @@ _SELECTOR_WHY = {
                          "Ampere or newer: sm7x FA2 is refused at run time there unless forced "
                          f"({FORCE_ENV}); the sm75 library is the one whose PTX runs fast when "
                          "forced, and it also serves Turing nodes sharing the environment"),
-    "sm70": lambda cap: "Volta, or a node mixing Volta and Turing (sm_70 code runs on both)",
+    "sm70": lambda cap: ("Volta; __cuda_arch is the lowest GPU of the node, so this build also "
+                         "installs the libraries of newer archs the channel has (a node mixing "
+                         "V100 and RTX 8000 runs native code on each)"),
 }
 
 
@@ -336,7 +338,8 @@ def selector_pick(cuda_arch: str | None, built_archs: Iterable[str] = ARCHS) -> 
     for arch in sorted(built, key=_targets.selector_build, reverse=True):
         spec, build = _targets.selector_cuda_arch(arch), _targets.selector_build(arch)
         if _satisfies(cap, spec):
-            return SelectorPick(arch, build, (package_name(arch),), cuda_arch,
+            packages = tuple(package_name(a) for a in _targets.selector_installs(arch) if a in built)
+            return SelectorPick(arch, build, packages, cuda_arch,
                                 f"__cuda_arch {cuda_arch} satisfies {spec} (build {build}): "
                                 f"{_SELECTOR_WHY[arch](cap)}")
     if cap >= _parse_cuda_arch(oldest):

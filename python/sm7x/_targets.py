@@ -54,6 +54,12 @@ def selector_cuda_arch(arch: str) -> str:
     return load()["archs"][arch]["selector_cuda_arch"]
 
 
+def selector_installs(arch: str) -> tuple[str, ...]:
+    """The FA2 libraries that selector build pulls in, of those a variant builds: the node's
+    lowest arch and every newer one its GPUs may also be (a 7.0 node may hold Turing GPUs)."""
+    return tuple(load()["archs"][arch]["selector_installs"])
+
+
 def fallback_build(every_arch: bool) -> int:
     """Build number of the fallback selector (no __cuda_arch needed)."""
     return int(load()["selector_fallback_build"]["every_arch" if every_arch else "one_arch"])

@@ -190,7 +190,8 @@ def collect(devices: Iterable[Device] | None = None, *, prefix: str | Path | Non
         "gpu_error": smi_error,
         "gpus": [_gpu_report(d, warnings) for d in devices],
         "node": {"required_packages": sorted(required_packages(devices)),
-                 "uncovered_gpus": [d.index for d in devices if _uncovered(d)]},
+                 "uncovered_gpus": [d.index for d in devices if _uncovered(d)],
+                 "mixed": len(required_packages(devices)) > 1},
         "solver": _solver_report(devices, packages, warnings,
                                  detect_client(Path(prefix) if prefix else Path(sys.prefix))),
         "integrations": _integrations(),
@@ -366,7 +367,8 @@ def render(info: dict) -> str:
                   f"    why: {fa2['reason']}"]
     if info["gpus"]:
         needs = ", ".join(info["node"]["required_packages"]) or "nothing"
-        lines.append(f"node      native FA2 kernels on every GPU need: {needs}")
+        lines.append(f"node      native FA2 kernels on every GPU need: {needs}"
+                     + (" (a mixed node: its lowest GPU sets __cuda_arch)" if info["node"].get("mixed") else ""))
     lines += _render_solver(info["solver"])
     tf = info["integrations"]["transformers"]
     lines.append(f"transformers {tf['version']}: {tf['how']}" if tf["installed"]

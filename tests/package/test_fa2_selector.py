@@ -21,7 +21,8 @@ LIBS = {"sm7x-fa2-sm70": "_fa2_sm70.abi3.so", "sm7x-fa2-sm75": "_fa2_sm75.abi3.s
 
 # CONDA_OVERRIDE_CUDA_ARCH (None: unset) -> (sm7x-fa2 build, FA2 packages installed)
 CASES = {
-    "7.0": ("sm70", {"sm7x-fa2-sm70"}),  # V100; also a V100 + T4 node (min is 7.0)
+    # V100, and a V100 + RTX 8000 node (min is 7.0): the Turing library comes too
+    "7.0": ("sm70", BOTH),
     "7.5": ("sm75", {"sm7x-fa2-sm75"}),  # T4, RTX 8000
     # Ampere+: the documented choice (README): the sm75 library, refused at run time
     # unless forced; it is the one whose PTX runs fast there and it serves Turing too.
@@ -67,6 +68,29 @@ def test_install_per_node_kind(tmp_path, monkeypatch, arch):
     assert info["solver"]["variant"] == build
     assert info["solver"]["installed_variant"] == build
     assert set(info["solver"]["packages"]) == fa2
+
+
+def test_mixed_node_gets_a_native_library_per_gpu(tmp_path, monkeypatch):
+    """3x V100 + 2x Quadro RTX 8000 (the seeds' host): __cuda_arch is 7.0, and every GPU
+    loads its own arch's library from what that solve installed; the doctor says so."""
+    _override(monkeypatch, "7.0")
+    env = envs.create(tmp_path / "env", ["sm7x", "python 3.11.*"], CHANNELS)
+    code = (
+        "import json; from sm7x import doctor; from sm7x._select import Device\n"
+        "gpus = [Device(i, 'Tesla V100-SXM2-32GB', (7, 0)) for i in range(3)]"
+        " + [Device(i, 'Quadro RTX 8000', (7, 5)) for i in (3, 4)]\n"
+        "info = doctor.collect(gpus); print(json.dumps(info)); print(doctor.render(info))"
+    )
+    out = run(env, "-c", code)
+    info = json.loads(out.splitlines()[0])
+    loads = {g["index"]: (g["fa2"]["arch"], g["fa2"]["installed"], g["fa2"]["path"].rsplit("/", 1)[-1])
+             for g in info["gpus"]}
+    assert loads == {**{i: ("sm70", True, LIBS["sm7x-fa2-sm70"]) for i in range(3)},
+                     **{i: ("sm75", True, LIBS["sm7x-fa2-sm75"]) for i in (3, 4)}}
+    assert info["node"]["mixed"] and info["node"]["uncovered_gpus"] == []
+    assert info["solver"]["variant"] == "sm70" and set(info["solver"]["packages"]) == BOTH
+    assert "a mixed node: its lowest GPU sets __cuda_arch" in out
+    assert not [w for w in info["warnings"] if "sm7x-fa2-" in w], info["warnings"]
 
 
 @pytest.mark.parametrize("arch", [None, "7.0", "7.2", "7.5", "8.0", "8.6", "9.0", "12.0"])

@@ -64,10 +64,13 @@ def test_collect_with_fake_devices(fake_install):
     assert "tensor cores" in gtx["fa2"]["error"]
     assert "FlashAttention" in h200["fa2"]["error"]
     assert info["node"] == {"required_packages": ["sm7x-fa2-sm70", "sm7x-fa2-sm75"],
-                            "uncovered_gpus": []}  # the sm70 library runs on the V100 and the T4
+                            "uncovered_gpus": [],  # the sm70 library runs on the V100 and the T4
+                            "mixed": True}
     solver = info["solver"]  # the lowest capability of the node is the V100's 7.0
     assert solver["cuda_arch"] == "7.0" and "cuda:0" in solver["cuda_arch_source"]
-    assert solver["variant"] == "sm70" and solver["packages"] == ["sm7x-fa2-sm70"]
+    # a mixed node: the Volta build installs the Turing library too (this environment,
+    # made otherwise, lacks it: the warning below)
+    assert solver["variant"] == "sm70" and solver["packages"] == ["sm7x-fa2-sm70", "sm7x-fa2-sm75"]
     assert solver["installed_variant"] == "sm70"
     (warning,) = info["warnings"]
     assert "sm7x-fa2-sm75" in warning and "pixi add sm7x-fa2-sm75" in warning
@@ -76,7 +79,8 @@ def test_collect_with_fake_devices(fake_install):
     for needle in ("Tesla T4, compute capability 7.5", "NOT installed", "refused",
                    "pixi add sm7x-fa2-sm75", "_core.abi3.so (7 bytes)",
                    "__cuda_arch 7.0 (the lowest capability of the 4 GPUs, cuda:0",
-                   "picks sm7x-fa2 build 'sm70' -> sm7x-fa2-sm70"):
+                   "picks sm7x-fa2 build 'sm70' -> sm7x-fa2-sm70, sm7x-fa2-sm75",
+                   "a mixed node: its lowest GPU sets __cuda_arch"):
         assert needle in text
 
 

@@ -281,7 +281,10 @@ def test_required_packages_forced():
 @pytest.mark.parametrize(
     "devices, arch, variant, packages",
     [
-        ([V100, T4], "7.0", "sm70", ("sm7x-fa2-sm70",)),  # sm_70 code also runs on the T4
+        # the lowest GPU decides __cuda_arch: a 7.0 node may hold Turing GPUs too, and gets
+        # their native library as well (targets.json selector_installs)
+        ([V100, T4], "7.0", "sm70", ("sm7x-fa2-sm70", "sm7x-fa2-sm75")),
+        ([V100], "7.0", "sm70", ("sm7x-fa2-sm70", "sm7x-fa2-sm75")),
         ([T4], "7.5", "sm75", ("sm7x-fa2-sm75",)),
         ([T4, A100], "7.5", "sm75", ("sm7x-fa2-sm75",)),
         ([A100], "8.0", "sm75", ("sm7x-fa2-sm75",)),  # the documented choice for >= 8.0
@@ -307,6 +310,10 @@ def test_selector_pick_for_node(devices, arch, variant, packages):
 )
 def test_selector_pick_for_single_arch_channels(built, arch, variant):
     assert selector_pick(arch, built).variant == variant
+
+
+def test_volta_build_of_a_volta_only_channel_installs_what_it_has():
+    assert selector_pick("7.0", ["sm70"]).packages == ("sm7x-fa2-sm70",)
 
 
 @pytest.mark.parametrize("built", [[], ["sm80"]])

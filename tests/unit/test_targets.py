@@ -77,7 +77,12 @@ def test_recipe_agrees_with_targets(rendered, variant_set):
     for arch in built:
         d = selector[arch]
         assert d["build"]["number"] == base + _targets.selector_build(arch)
-        assert d["requirements"]["run"] == [f"__cuda_arch {_targets.selector_cuda_arch(arch)}", pin(arch)]
+        # the node's arch and the newer ones a node of that lowest GPU may also hold
+        installs = [a for a in _targets.selector_installs(arch) if a in built]
+        assert installs[0] == arch
+        assert d["requirements"]["run"] == [f"__cuda_arch {_targets.selector_cuda_arch(arch)}", *map(pin, installs)]
+        assert _select.selector_pick(_targets.load()["archs"][arch]["capability"], built).packages == \
+            tuple(map(_select.package_name, installs))
     fallback = selector["all"]
     assert fallback["build"]["number"] == base + _targets.fallback_build(every_arch=built == _targets.archs())
     assert sorted(map(str, fallback["requirements"]["run"])) == sorted(str(pin(a)) for a in built)
