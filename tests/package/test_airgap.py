@@ -174,7 +174,9 @@ def test_lock_explicit_and_manifest_agree_with_the_files(small):
     toml = tomllib.loads((out / "pixi.toml").read_text())
     assert toml["workspace"]["channels"] == [small.channel_url]
     assert set(toml["environments"]) == {"cu75", "login"}
-    assert toml["feature"]["cu75"]["dependencies"] == {"sm7x": "*", "python": "3.11.*"}
+    # pip is added (conda would add it to any environment with python; a lock does not)
+    assert toml["feature"]["cu75"]["dependencies"] == {"sm7x": "*", "python": "3.11.*", "pip": "*"}
+    assert vp["login"]["specs"] == [*SPECS, "pip"]
 
 
 def test_offline_install_from_the_lock_alone(small, tmp_path):
@@ -187,6 +189,7 @@ def test_offline_install_from_the_lock_alone(small, tmp_path):
     assert str(prefix) in out
     fa2 = {p.name for p in (prefix / "lib/python3.11/site-packages/sm7x/fa2").glob("_fa2_*.so")}
     assert fa2 == {"_fa2_sm75.abi3.so"}  # the Turing node's library only
+    assert "No broken requirements found" in run(env, "-m", "pip", "check")
 
 
 def test_verify_passes_with_an_offline_resolve(small):

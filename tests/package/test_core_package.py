@@ -56,7 +56,9 @@ def test_installs_without_torch(tmp_path, python):
 
 
 def test_ops_run_in_a_cpu_torch_environment(tmp_path):
-    env = envs.create(tmp_path / "env", ["sm7x", "python 3.11.*", "pytorch 2.13.*"], CHANNELS)
+    env = envs.create(tmp_path / "env", ["sm7x", "python 3.11.*", "pytorch 2.13.*", "pip"], CHANNELS)
+    # every Python dependency torch's metadata declares is there (setuptools included)
+    assert "No broken requirements found" in run(env, "-m", "pip", "check")
     out = run(env, "-c", OPS)
     for op in ("fused_add_rms_norm", "reshape_and_cache", "rms_norm", "rotary_embedding", "silu_and_mul"):
         assert op in out

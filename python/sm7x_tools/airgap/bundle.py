@@ -165,6 +165,15 @@ def _requests_from_yaml(path: Path) -> list[EnvRequest]:
 
 # --- solve ---------------------------------------------------------------------------------
 
+def with_pip(req: EnvRequest) -> EnvRequest:
+    """The request with pip added (unless it names pip): conda gives an environment with
+    python pip of its own accord (add_pip_as_python_dependency), but an @EXPLICIT file or a
+    lock installs only what it lists, and `pip list` / `pip check` are what users reach for."""
+    if any(MatchSpec(s).name.normalized == "pip" for s in req.specs):
+        return req
+    return EnvRequest(req.name, [*req.specs, "pip"], req.cuda_arch)
+
+
 def solve_env(req: EnvRequest, channels: list[Path], cuda: str, glibc: str | None) -> SolvedEnv:
     vpkgs = node_packages(req.cuda_arch, cuda=cuda, glibc=glibc)
     env = SolvedEnv(req, vpkgs)
@@ -361,7 +370,7 @@ def bundle(out: Path, requests: list[EnvRequest], channels: list[Path], base_url
         raise AirgapError(f"--base-url {base_url!r}: give the URL OUT/channel will be served at, "
                           "e.g. https://mirror.example/sm7x or file:///shared/sm7x/channel")
     channel_url = base_url.rstrip("/") if base_url else (out / "channel").as_uri()
-    envs = [solve_env(r, channels, cuda, glibc) for r in requests]
+    envs = [solve_env(with_pip(r), channels, cuda, glibc) for r in requests]
     union = _collect(envs)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     tools = tool_versions()
