@@ -56,7 +56,7 @@ def _built(where, when: int, payload: bytes = b"code") -> tuple:
                         "sha256": "x", "size_in_bytes": len(so)}], "paths_version": 1}
     info = {
         "info/index.json": json.dumps({"name": "x", "timestamp": when * 1000 + 123}, indent=2).encode(),
-        "info/about.json": json.dumps({"channels": [f"file://{out}/", f"file://{where}/.sm7x/bootstrap/channel/"]},
+        "info/about.json": json.dumps({"channels": [f"file://{out}/", f"file://{where}/.sm7x/bootstrap/sm7x-bootstrap/"]},
                                       indent=2).encode(),
         "info/paths.json": json.dumps(paths, indent=2).encode(),
         "info/recipe/rendered_recipe.yaml": (

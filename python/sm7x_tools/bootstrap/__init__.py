@@ -25,7 +25,10 @@ from ..ui import console
 from . import inputs
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
-CHANNEL = STATE / "bootstrap" / "channel"
+# not "channel": conda names a file:// channel after its last path part, and its plans
+# would show ./channel's packages and these alike as channel/...
+CHANNEL = STATE / "bootstrap" / "sm7x-bootstrap"
+OLD_CHANNEL = STATE / "bootstrap" / "channel"  # the name before: removed once this one is built
 # build order: later recipes solve against packages of earlier ones
 BOOTSTRAP_RECIPES = ["build-tools", "compilers", "sysroot", "cuda", "python", "python-build", "pybind11",
                      "torch-deps", "pytorch"]
@@ -60,5 +63,6 @@ def ensure(force: bool = False) -> Path:
         normalize_channel(work, epoch=epoch, paths=machine_paths(work))
     publish(work, CHANNEL, want, epoch)
     shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(OLD_CHANNEL, ignore_errors=True)
     console.print(f"[green]bootstrap channel built[/] in {time.monotonic() - start:.0f} s: {CHANNEL}")
     return CHANNEL
