@@ -636,6 +636,22 @@ def test_loader_loaded_once():
     assert _core_loader.load() is path  # no second load
 
 
+def test_torch_ops_namespace_is_filled_by_load_library():
+    """What README says to code that calls torch.ops.sm7x.* directly: empty in a fresh
+    process, filled by sm7x.ops.load_library() (README, "The loader")."""
+    code = ("import torch, sm7x.ops\n"
+            "before = hasattr(torch.ops.sm7x, 'rms_norm')\n"
+            "sm7x.ops.load_library()\n"
+            "x, w = torch.randn(3, 8), torch.rand(8)\n"
+            "out = torch.empty_like(x)\n"
+            "torch.ops.sm7x.rms_norm(out, x, w, 1e-6)\n"
+            "torch.testing.assert_close(out, sm7x.ops.rms_norm(x, w, 1e-6))\n"
+            "print(before)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "False"
+
+
 def test_missing_library_message(tmp_path, monkeypatch):
     monkeypatch.setattr(_core_loader, "search_dirs", lambda: [tmp_path])
     monkeypatch.setattr(_core_loader.importlib.util, "find_spec", lambda name: None)
