@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fp8.h"
 #include "kernels.h"
 
 namespace sm7x {
@@ -427,6 +428,53 @@ __global__ void __launch_bounds__(kTokenMaxThreads) reshape_and_cache_kernel(Res
   }
 }
 
+// reshape_and_cache into fp8 caches: each element is converted (fp8.h: integer and plain
+// float operations, as these GPUs have no fp8 conversion instruction), so T is the
+// key/value type; the same one block per token, items (head, element).
+template <typename T, typename P, fp8::Format F>
+__global__ void __launch_bounds__(kTokenMaxThreads) reshape_and_cache_fp8_kernel(ReshapeAndCacheArgs a) {
+  const P* slots = static_cast<const P*>(a.slot_mapping);
+  const int kp = static_cast<int>(a.head_size), vp = static_cast<int>(a.v_head_size);
+  const int heads = static_cast<int>(a.kv_heads);
+  const int items = heads * (kp + vp);
+  const int64_t nslots = a.num_blocks * a.block_size;
+  const float ks = *a.k_scale, vs = *a.v_scale;  // read on the device: no host sync
+  const T* key = static_cast<const T*>(a.key);
+  const T* value = static_cast<const T*>(a.value);
+  uint8_t* kc = static_cast<uint8_t*>(a.key_cache);
+  uint8_t* vc = static_cast<uint8_t*>(a.value_cache);
+  for (int64_t t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+    const int64_t slot = static_cast<int64_t>(slots[t]);
+    if (slot < 0 || slot >= nslots) continue;  // padding (or out of range: see kernels.h)
+    const int64_t blk = slot / a.block_size, off = slot - blk * a.block_size;
+    for (int it = threadIdx.x; it < items; it += blockDim.x) {
+      if (it < heads * kp) {
+        const int h = it / kp, j = it - h * kp;
+        kc[blk * a.kc_b + off * a.kc_o + h * a.kc_h + j] =
+            fp8::encode<F>(to_f(key[t * a.k_t + h * a.k_h + j]) / ks);
+      } else {
+        const int r = it - heads * kp;
+        const int h = r / vp, j = r - h * vp;
+        vc[blk * a.vc_b + off * a.vc_o + h * a.vc_h + j] =
+            fp8::encode<F>(to_f(value[t * a.v_t + h * a.v_h + j]) / vs);
+      }
+    }
+  }
+}
+
+template <typename T, typename P>
+int launch_reshape_and_cache_fp8(const ReshapeAndCacheArgs& a, cudaStream_t stream) {
+  if (a.tokens == 0) return 0;
+  const int threads = clamp_threads(a.kv_heads * (a.head_size + a.v_head_size), 32,
+                                    kTokenMaxThreads);
+  const unsigned grid = grid_for(a.tokens);
+  if (a.cache == KvCache::Fp8E4M3)
+    reshape_and_cache_fp8_kernel<T, P, fp8::Format::E4M3><<<grid, threads, 0, stream>>>(a);
+  else
+    reshape_and_cache_fp8_kernel<T, P, fp8::Format::E5M2><<<grid, threads, 0, stream>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
+
 // Rescales every size and stride of `a` from elements of `es` bytes to units of `us`.
 ReshapeAndCacheArgs in_units(ReshapeAndCacheArgs a, int64_t es, int64_t us) {
   auto f = [&](int64_t& v) { v = v * es / us; };
@@ -505,6 +553,12 @@ int rotary_embedding_cuda(DType t, DType cache_t, IType pos_t, const RotaryArgs&
 
 int reshape_and_cache_cuda(DType t, IType slot_t, const ReshapeAndCacheArgs& a,
                            cudaStream_t stream) {
+  if (a.cache != KvCache::Same)
+    return dispatch(t, [&](auto s) {
+      using T = decltype(s);
+      return slot_t == IType::I64 ? launch_reshape_and_cache_fp8<T, int64_t>(a, stream)
+                                  : launch_reshape_and_cache_fp8<T, int32_t>(a, stream);
+    });
   const int64_t es = t == DType::F32 ? 4 : 2;
   return slot_t == IType::I64 ? launch_reshape_and_cache<int64_t>(es, a, stream)
                               : launch_reshape_and_cache<int32_t>(es, a, stream);

@@ -22,6 +22,10 @@ namespace core {
 enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };
 // Index types of positions / slot_mapping.
 enum class IType : int { I64 = 0, I32 = 1 };
+// What a KV cache stores: the key/value dtype itself, or 8-bit codes (fp8.h) of
+// value / scale with one float32 scale per cache (vLLM's kv_cache_dtype "fp8_e4m3",
+// "fp8_e5m2"; "fp8" is E4M3).
+enum class KvCache : int { Same = 0, Fp8E4M3 = 1, Fp8E5M2 = 2 };
 
 const char* dtype_name(DType t);
 
@@ -72,6 +76,9 @@ struct ReshapeAndCacheArgs {
   int64_t tokens, kv_heads, head_size, v_head_size, num_blocks, block_size;
   int64_t k_t, k_h, v_t, v_h;
   int64_t kc_b, kc_o, kc_h, vc_b, vc_o, vc_h;  // block, offset-in-block, head strides
+  KvCache cache;          // Same: caches of the key's dtype; else 1-byte codes
+  const float* k_scale;   // fp8 caches: one float32 each (on the caches' device), the
+  const float* v_scale;   // code is round(value / scale); null for Same
 };
 
 // ---------------------------------------------------------------------------------------

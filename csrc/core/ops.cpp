@@ -505,13 +505,54 @@ void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key,
   }
 }
 
+// vLLM's kv_cache_dtype strings: what the caches hold ("fp8" is E4M3, as in vLLM).
+KvCache kv_cache_kind(const char* op, const std::string& s) {
+  if (s == "auto") return KvCache::Same;
+  if (s == "fp8" || s == "fp8_e4m3") return KvCache::Fp8E4M3;
+  if (s == "fp8_e5m2") return KvCache::Fp8E5M2;
+  SM7X_CHECK(false, op, "kv_cache_dtype '", s, "' is not one of 'auto', 'fp8', 'fp8_e4m3', "
+             "'fp8_e5m2'");
+  return KvCache::Same;
+}
+
+// An fp8 cache is 1 byte per element: uint8 (as vLLM allocates it) or the float8 dtype
+// of its format.
+void check_fp8_cache(const char* op, const char* name, const Tensor& t, KvCache kind) {
+  const ScalarType s = t.scalar_type();
+  const bool e4m3 = kind == KvCache::Fp8E4M3;
+  const ScalarType own = e4m3 ? ScalarType::Float8_e4m3fn : ScalarType::Float8_e5m2;
+  SM7X_CHECK(s == ScalarType::Byte || s == own, op, name, " has dtype ", scalar_name(s),
+             " but kv_cache_dtype '", e4m3 ? "fp8_e4m3" : "fp8_e5m2", "' stores 1-byte codes: "
+             "allocate it as torch.uint8 or ", e4m3 ? "torch.float8_e4m3fn" : "torch.float8_e5m2");
+}
+
+// The scale of an fp8 cache: one float32 on the cache's device (read there: no sync).
+const float* fp8_scale(const char* op, const char* name, const std::optional<Tensor>& t,
+                       const Tensor& cache) {
+  SM7X_CHECK(t.has_value() && t->defined(), op, name, " is required with an fp8 kv_cache_dtype: "
+             "a float32 tensor of one element (the cache stores round(value / ", name, "))");
+  SM7X_CHECK(t->scalar_type() == ScalarType::Float, op, name, " has dtype ",
+             scalar_name(t->scalar_type()), "; it must be float32");
+  SM7X_CHECK(t->numel() == 1, op, name, " has ", t->numel(), " elements (shape ",
+             shape_str(*t), "); it must have one (a per-tensor scale)");
+  check_device(op, name, *t, "the caches", cache);
+  if (t->is_cpu()) {
+    const float v = *static_cast<const float*>(t->const_data_ptr());
+    SM7X_CHECK(std::isfinite(v) && v > 0.0f, op, name, " is ", v, "; a scale must be finite "
+               "and positive");
+  }
+  return static_cast<const float*>(t->const_data_ptr());
+}
+
 void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache,
-                       Tensor slot_mapping) {
+                       Tensor slot_mapping, std::string kv_cache_dtype,
+                       std::optional<Tensor> k_scale, std::optional<Tensor> v_scale) {
   const char* op = "reshape_and_cache";
   check_defined(op, {{"key", &key}, {"value", &value}, {"key_cache", &key_cache},
                      {"value_cache", &value_cache}, {"slot_mapping", &slot_mapping}});
   const DType dt = float_dtype(op, "key", key);
   const IType st = index_dtype(op, "slot_mapping", slot_mapping);
+  const KvCache kind = kv_cache_kind(op, kv_cache_dtype);
   check_dim(op, "key", key, 3, "[num_tokens, num_kv_heads, head_size]");
   check_dim(op, "value", value, 3, "[num_tokens, num_kv_heads, head_size]");
   check_dim(op, "key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_size]");
@@ -522,7 +563,10 @@ void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_
                       {"key_cache", &key_cache},
                       {"value_cache", &value_cache}}) {
     check_device(op, n, *t, "key", key);
-    check_same_dtype(op, n, *t, "key", key);
+    if (kind == KvCache::Same || t == &value)
+      check_same_dtype(op, n, *t, "key", key);
+    else
+      check_fp8_cache(op, n, *t, kind);
   }
   check_device(op, "slot_mapping", slot_mapping, "key", key);
   check_contiguous(op, "slot_mapping", slot_mapping);
@@ -555,6 +599,8 @@ void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_
     check_apart(op, "key_cache", key_cache, n, *t);
     check_apart(op, "value_cache", value_cache, n, *t);
   }
+  const float* ks = kind == KvCache::Same ? nullptr : fp8_scale(op, "k_scale", k_scale, key_cache);
+  const float* vs = kind == KvCache::Same ? nullptr : fp8_scale(op, "v_scale", v_scale, key_cache);
   if (tokens == 0 || heads == 0) return;
   if (key_cache.is_cpu()) {
     const int64_t nslots = nb * bs;
@@ -571,7 +617,8 @@ void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_
                         slot_mapping.const_data_ptr(), tokens, heads, hs, vhs, nb, bs,
                         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
                         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-                        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)};
+                        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+                        kind, ks, vs};
   if (key.is_cuda())
     SM7X_CUDA_RUN(op, key, [&](cudaStream_t s) { return reshape_and_cache_cuda(dt, st, a, s); });
   else
@@ -593,7 +640,8 @@ STABLE_TORCH_LIBRARY(sm7x, m) {
       "Tensor cos_sin_cache, bool is_neox) -> ()");
   m.def(
       "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
-      "Tensor(b!) value_cache, Tensor slot_mapping) -> ()");
+      "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype=\"auto\", "
+      "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
 }
 
 // One implementation per op serves both keys: it validates, then branches on the device.

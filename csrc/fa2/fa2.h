@@ -1,4 +1,4 @@
-// sm7x FlashAttention-2 forward for Volta (sm_70) and Turing (sm_75): the interface
+// sm7x FlashAttention-2 (prefill, serving, backward) for Volta (sm_70) and Turing (sm_75): the interface
 // between the op layer (ops.cpp, torch stable ABI) and the kernels (sm70/ or sm75/
 // fwd_kernel.cuh, instantiated once per compiled head dim by the generated
 // fwd_hdim*.cu files, which see no torch header). Each library compiles this with its own

@@ -1,4 +1,4 @@
-// The op layer of sm7x's FlashAttention-2 forward for Turing (_fa2_sm75.abi3.so) and
+// The op layer of sm7x's FlashAttention-2 for Turing (_fa2_sm75.abi3.so) and
 // Volta (_fa2_sm70.abi3.so): schemas, validation, device/stream handling and dispatch to
 // the kernels (fa2.h).
 // Written against torch's stable ABI only (TORCH_TARGET_VERSION 2.10), like csrc/core:

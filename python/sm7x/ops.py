@@ -12,9 +12,10 @@ first use, once per process, from the installed package or ``$SM7X_LIBRARY_PATH`
 - ``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)``: in
   place on query/key, NeoX (rotate halves) or GPT-J (interleaved pairs) style, partial
   rotary when ``cos_sin_cache.shape[1] < head_size``
-- ``reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)``: scatter
-  ``[tokens, kv_heads, head_size]`` into paged caches ``[blocks, block_size, kv_heads,
-  head_size]`` at ``slot = block * block_size + offset``; negative slots are skipped
+- ``reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+  k_scale, v_scale)``: scatter ``[tokens, kv_heads, head_size]`` into paged caches
+  ``[blocks, block_size, kv_heads, head_size]`` at ``slot = block * block_size + offset``;
+  negative slots are skipped; fp8 caches (E4M3, E5M2) hold ``round(x / scale)``
 
 dtypes: float16, bfloat16 and float32 (all arithmetic in float32) on CPU and CUDA.
 
@@ -77,7 +78,8 @@ def _register_fakes() -> None:
     def fake_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
         return None
 
-    def fake_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
+    def fake_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                               kv_cache_dtype="auto", k_scale=None, v_scale=None):
         return None
 
     for name, fn in (
@@ -138,6 +140,12 @@ def _float(name: str, t: torch.Tensor, op: str) -> None:
             f"sm7x.{op}: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32 "
             f"(cast with .half(), .bfloat16() or .float())"
         )
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return repr(x) if x is None else type(x).__name__
 
 
 def _same(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, op: str) -> None:
@@ -357,8 +365,15 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor,
     return query, key
 
 
+# vLLM's kv_cache_dtype strings -> the float8 dtype of the codes ("fp8" is E4M3 there too)
+FP8_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+                    "fp8_e5m2": torch.float8_e5m2}
+
+
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_cache_dtype: str = "auto", k_scale: Optional[torch.Tensor] = None,
+                      v_scale: Optional[torch.Tensor] = None) -> None:
     """Writes ``key``/``value`` ``[tokens, kv_heads, head_size]`` into the paged caches.
 
     Caches: ``[num_blocks, block_size, kv_heads, head_size]`` (the layout the FA2 kernels
@@ -367,6 +382,13 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     slot past the cache is an error on CPU; on CUDA (checking would sync the stream) that
     token is skipped too, unless ``SM7X_CHECK_INDICES=1`` (one sync per call; see the module
     docstring).
+
+    ``kv_cache_dtype`` (vLLM's strings): ``"auto"``, caches of key's dtype; ``"fp8"`` /
+    ``"fp8_e4m3"`` or ``"fp8_e5m2"``, 8-bit caches (torch.uint8, as vLLM allocates them, or
+    the format's float8 dtype) holding ``round(x / k_scale)`` (``v_scale`` for values):
+    nearest even, saturated to the format's largest finite value (448 / 57344; +-inf too),
+    NaN kept, as vLLM writes them. The scales are float32 tensors of one element on the
+    caches' device (read there, no sync).
     """
     op = "reshape_and_cache"
     load_library()
@@ -374,8 +396,31 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
                     ("value_cache", value_cache), ("slot_mapping", slot_mapping)):
         _tensor(name, t, op)
     _float("key", key, op)
-    for name, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache)):
-        _same(name, t, "key", key, op)
+    _same("value", value, "key", key, op)
+    if kv_cache_dtype == "auto":
+        for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+            _same(name, t, "key", key, op)
+    elif kv_cache_dtype in FP8_CACHE_DTYPES:
+        own = FP8_CACHE_DTYPES[kv_cache_dtype]
+        for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+            if t.device != key.device:
+                raise ValueError(f"sm7x.{op}: {name} is on {t.device} but key is on {key.device}; "
+                                 f"move all tensors to one device")
+            if t.dtype not in (torch.uint8, own):
+                raise ValueError(f"sm7x.{op}: {name} has dtype {t.dtype} but kv_cache_dtype "
+                                 f"{kv_cache_dtype!r} stores 1-byte codes: allocate it as torch.uint8 "
+                                 f"or {own}")
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.numel() != 1:
+                raise ValueError(f"sm7x.{op}: {name} must be a float32 tensor of one element with "
+                                 f"kv_cache_dtype {kv_cache_dtype!r} (the cache stores round(x / "
+                                 f"{name})), got {_describe(s)}")
+            if s.device != key_cache.device:
+                raise ValueError(f"sm7x.{op}: {name} is on {s.device} but the caches are on "
+                                 f"{key_cache.device}; move it there")
+    else:
+        raise ValueError(f"sm7x.{op}: kv_cache_dtype {kv_cache_dtype!r} is not one of 'auto', "
+                         f"{', '.join(map(repr, FP8_CACHE_DTYPES))}")
     if slot_mapping.dtype not in INDEX_DTYPES:
         raise ValueError(
             f"sm7x.{op}: slot_mapping has dtype {slot_mapping.dtype}; it must be int64 or int32"
@@ -402,4 +447,5 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     _check_indices(op, "slot_mapping", slot_mapping, slots,
                    f"the cache ({key_cache.shape[0]} blocks x {key_cache.shape[1]} = {slots} "
                    f"slots)", skip_negative=True)
-    torch.ops.sm7x.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    torch.ops.sm7x.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                                     kv_cache_dtype, k_scale, v_scale)

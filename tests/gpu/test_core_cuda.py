@@ -23,7 +23,8 @@ from test_core_ops import *  # noqa: E402,F401,F403  (the CPU tests, collected a
 for _name in ("test_first_use_inside_compiled_function", "test_loader_uses_env_path_first_and_never_cwd",
               "test_loader_loaded_once", "test_missing_library_message",
               "test_library_uses_only_stable_c_shims", "test_cpu_fp16_paths_agree",
-              "test_loader_and_bench_packages_do_not_import_torch", "test_bench_cli_smoke"):
+              "test_loader_and_bench_packages_do_not_import_torch", "test_bench_cli_smoke",
+              "test_torch_ops_namespace_is_filled_by_load_library"):
     globals().pop(_name, None)
 
 pytestmark = pytest.mark.gpu

@@ -467,6 +467,133 @@ def test_reshape_and_cache_bad_inputs(device):
 
 
 # ---------------------------------------------------------------------------------------
+# reshape_and_cache into 8-bit caches (vLLM's kv_cache_dtype "fp8" / "fp8_e4m3" / "fp8_e5m2"):
+# against torch's own float8 conversion, which rounds to nearest even, after saturating to
+# the largest finite value as vLLM's writes do (__NV_SATFINITE).
+
+FP8 = {"fp8_e4m3": (torch.float8_e4m3fn, 448.0), "fp8_e5m2": (torch.float8_e5m2, 57344.0)}
+
+
+def fp8_reference(x: torch.Tensor, scale: float, fmt: str) -> torch.Tensor:
+    dtype, top = FP8[fmt]
+    return (x.float().cpu() / scale).clamp(-top, top).to(dtype).view(torch.uint8)
+
+
+def assert_same_codes(got: torch.Tensor, want: torch.Tensor, fmt: str, x: torch.Tensor):
+    """Byte for byte, except that any NaN code matches any NaN code."""
+    got = got.cpu().reshape(-1)
+    want = want.reshape(-1)
+    dtype = FP8[fmt][0]
+    g, w = got.view(dtype).float(), want.view(dtype).float()
+    assert torch.equal(torch.isnan(g), torch.isnan(w))
+    bad = ((got != want) & ~torch.isnan(w)).nonzero().flatten()
+    assert bad.numel() == 0, [(x.reshape(-1)[i].item(), hex(got[i]), hex(want[i])) for i in bad[:8]]
+
+
+def write_fp8(x: torch.Tensor, fmt: str, scale: float, device, cache_dtype=torch.uint8,
+              value: torch.Tensor | None = None):
+    """x [tokens, heads, d] written at slots 0..tokens-1 of a cache of 16-slot blocks."""
+    tokens, heads, d = x.shape
+    blocks = (tokens + 15) // 16
+    kc = torch.full((blocks, 16, heads, d), 0x55, dtype=torch.uint8, device=device).view(cache_dtype)
+    vc = kc.clone()
+    value = x if value is None else value
+    s = torch.tensor([scale], device=device)
+    ops.reshape_and_cache(x.to(device), value.to(device), kc, vc,
+                          torch.arange(tokens, device=device), fmt, s, s.clone())
+    return (kc.view(torch.uint8).reshape(-1, heads, d)[:tokens],
+            vc.view(torch.uint8).reshape(-1, heads, d)[:tokens])
+
+
+@pytest.mark.parametrize("fmt", list(FP8) + ["fp8"])
+@pytest.mark.parametrize("scale", [1.0, 0.0371, 3.5])
+def test_fp8_cache_write_of_every_float16(device, fmt, scale):
+    """All 65,536 fp16 bit patterns (NaNs, infinities, subnormals included)."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    key = x.view(256, 4, 64)
+    kc, vc = write_fp8(key, fmt, scale, device, value=key.flip(0))
+    ref_fmt = "fp8_e4m3" if fmt == "fp8" else fmt
+    assert_same_codes(kc, fp8_reference(key, scale, ref_fmt), ref_fmt, key)
+    assert_same_codes(vc, fp8_reference(key.flip(0), scale, ref_fmt), ref_fmt, key.flip(0))
+
+
+@pytest.mark.parametrize("fmt", FP8)
+def test_fp8_every_code_round_trips_and_ties_go_to_even(device, fmt):
+    """Every finite code written from its own value comes back; the midpoints between
+    neighbouring codes (exact ties) and one float32 ulp on either side round as torch does."""
+    dtype, _ = FP8[fmt]
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    values = codes.view(dtype).float()
+    finite = torch.isfinite(values)
+    kc, _ = write_fp8(values[finite].view(-1, 1, 1), fmt, 1.0, device)
+    assert torch.equal(kc.cpu().flatten(), codes[finite])
+    grid = values[finite & (values >= 0)].sort().values
+    mids = (grid[1:] + grid[:-1]) / 2  # exact in float32
+    up, down = torch.nextafter(mids, torch.tensor(float("inf"))), torch.nextafter(mids, torch.tensor(0.0))
+    top = grid[-1]
+    x = torch.cat([mids, up, down, -mids, top * 1.01, top * 1.1, top * 1e6,
+                   torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e-30, -1e-30])])
+    kc, _ = write_fp8(x.view(-1, 1, 1), fmt, 1.0, device)
+    assert_same_codes(kc, fp8_reference(x.view(-1, 1, 1), 1.0, fmt), fmt, x)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.uint8, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_cache_write_dtypes_slots_and_padding(device, dtype, cache_dtype):
+    """bf16/fp32 inputs, int32 slots, padding tokens and untouched slots; the cache given
+    as the format's float8 dtype works as uint8 does."""
+    g = torch.Generator().manual_seed(7)
+    key = (torch.randn(21, 2, 40, generator=g) * 30).to(dtype)
+    value = (torch.randn(21, 2, 24, generator=g) * 30).to(dtype)
+    slots = torch.randperm(64, generator=g)[:21].to(torch.int32)
+    slots[[3, 11]] = -1
+    kc = torch.full((4, 16, 2, 40), 0x55, dtype=torch.uint8).view(cache_dtype).to(device)
+    vc = torch.full((4, 16, 2, 24), 0x55, dtype=torch.uint8).view(cache_dtype).to(device)
+    ks, vs = torch.tensor([0.25], device=device), torch.tensor([2.0], device=device)
+    ops.reshape_and_cache(key.to(device), value.to(device), kc, vc, slots.to(device), "fp8_e5m2", ks, vs)
+    want_k = torch.full((64, 2, 40), 0x55, dtype=torch.uint8)
+    want_v = torch.full((64, 2, 24), 0x55, dtype=torch.uint8)
+    keep = slots >= 0
+    want_k[slots[keep].long()] = fp8_reference(key[keep], 0.25, "fp8_e5m2")
+    want_v[slots[keep].long()] = fp8_reference(value[keep], 2.0, "fp8_e5m2")
+    assert torch.equal(kc.view(torch.uint8).cpu().reshape(64, 2, 40), want_k)
+    assert torch.equal(vc.view(torch.uint8).cpu().reshape(64, 2, 24), want_v)
+
+
+def test_fp8_cache_bad_inputs(device):
+    key = torch.randn(3, 2, 8, device=device)
+    kc = torch.zeros(4, 16, 2, 8, dtype=torch.uint8, device=device)
+    slots = torch.tensor([0, 5, 63], device=device)
+    s = torch.tensor([1.0], device=device)
+    with pytest.raises(ValueError, match=r"kv_cache_dtype 'int4' is not one of 'auto', 'fp8'"):
+        ops.reshape_and_cache(key, key, kc, kc.clone(), slots, "int4", s, s)
+    with pytest.raises(ValueError, match=r"key_cache has dtype torch.float32 but kv_cache_dtype "
+                                         r"'fp8' stores 1-byte codes: allocate it as torch.uint8"):
+        ops.reshape_and_cache(key, key, kc.float(), kc.clone(), slots, "fp8", s, s)
+    with pytest.raises(ValueError, match=r"value_cache has dtype torch.float8_e5m2 but kv_cache_dtype "
+                                         r"'fp8_e4m3'"):
+        ops.reshape_and_cache(key, key, kc, kc.view(torch.float8_e5m2), slots, "fp8_e4m3", s, s)
+    with pytest.raises(ValueError, match=r"v_scale must be a float32 tensor of one element .* got None"):
+        ops.reshape_and_cache(key, key, kc, kc.clone(), slots, "fp8", s, None)
+    with pytest.raises(ValueError, match=r"k_scale must be a float32 tensor of one element .* got a "
+                                         r"torch.float32 tensor of shape \(2,\)"):
+        ops.reshape_and_cache(key, key, kc, kc.clone(), slots, "fp8", torch.ones(2, device=device), s)
+    op = torch.ops.sm7x.reshape_and_cache  # the library's own checks, for direct callers
+    with pytest.raises(RuntimeError, match=r"kv_cache_dtype 'fp9' is not one of"):
+        op(key, key, kc, kc.clone(), slots, "fp9", s, s)
+    with pytest.raises(RuntimeError, match=r"k_scale is required with an fp8 kv_cache_dtype"):
+        op(key, key, kc, kc.clone(), slots, "fp8_e5m2", None, s)
+    with pytest.raises(RuntimeError, match=r"key_cache has dtype float16 but kv_cache_dtype "
+                                           r"'fp8_e4m3' stores 1-byte codes"):
+        op(key, key, kc.half(), kc.clone(), slots, "fp8", s, s)
+    with pytest.raises(RuntimeError, match=r"v_scale has dtype float16; it must be float32"):
+        op(key, key, kc, kc.clone(), slots, "fp8", s, s.half())
+    if device == "cpu":
+        with pytest.raises(RuntimeError, match=r"k_scale is 0; a scale must be finite and positive"):
+            op(key, key, kc, kc.clone(), slots, "fp8", torch.zeros(1), s)
+
+
+# ---------------------------------------------------------------------------------------
 # Properties over random shapes (bounded).
 
 hypothesis = pytest.importorskip("hypothesis")
