@@ -531,7 +531,7 @@ def test_fp8_every_code_round_trips_and_ties_go_to_even(device, fmt):
     mids = (grid[1:] + grid[:-1]) / 2  # exact in float32
     up, down = torch.nextafter(mids, torch.tensor(float("inf"))), torch.nextafter(mids, torch.tensor(0.0))
     top = grid[-1]
-    x = torch.cat([mids, up, down, -mids, top * 1.01, top * 1.1, top * 1e6,
+    x = torch.cat([mids, up, down, -mids, (top * torch.tensor([1.01, 1.1, 1e6])),
                    torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e-30, -1e-30])])
     kc, _ = write_fp8(x.view(-1, 1, 1), fmt, 1.0, device)
     assert_same_codes(kc, fp8_reference(x.view(-1, 1, 1), 1.0, fmt), fmt, x)
