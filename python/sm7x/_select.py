@@ -248,6 +248,7 @@ def required_packages(devices: Iterable[Device], *, force: str | None = None) ->
 # checks this table against real py-rattler solves of the built channel.
 
 CUDA_ARCH_OVERRIDE_ENV = "CONDA_OVERRIDE_CUDA_ARCH"
+CUDA_OVERRIDE_ENV = "CONDA_OVERRIDE_CUDA"
 
 
 @dataclass(frozen=True)
@@ -276,13 +277,18 @@ def node_cuda_arch(devices: Iterable[Device], environ=None) -> tuple[str | None,
     CONDA_OVERRIDE_CUDA_ARCH is set (an empty value removes the virtual package).
     """
     environ = os.environ if environ is None else environ
+    devices = list(devices)
     if CUDA_ARCH_OVERRIDE_ENV in environ:
         value = environ[CUDA_ARCH_OVERRIDE_ENV].strip()
         if not value:
             return None, f"{CUDA_ARCH_OVERRIDE_ENV} is set and empty"
         _parse_cuda_arch(value)
+        if not devices and CUDA_OVERRIDE_ENV not in environ:
+            # Checked with pixi and with conda 26.7.1 + nvidia-virtual-packages 0.2.0: without
+            # a driver, __cuda_arch needs __cuda, so the arch override alone gives none.
+            return None, (f"{CUDA_ARCH_OVERRIDE_ENV}={value} without {CUDA_OVERRIDE_ENV} on a "
+                          f"node without a GPU driver: clients then report no __cuda_arch")
         return value, f"{CUDA_ARCH_OVERRIDE_ENV}={value}"
-    devices = list(devices)
     if not devices:
         return None, "no GPU found"
     low = min(devices, key=lambda d: d.capability)

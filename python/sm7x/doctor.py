@@ -27,6 +27,7 @@ from ._select import (
     library_search,
     ARCHS,
     CUDA_ARCH_OVERRIDE_ENV,
+    CUDA_OVERRIDE_ENV,
     covering_archs,
     node_cuda_arch,
     package_name,
@@ -301,10 +302,12 @@ def _solver_report(devices: list[Device], packages: dict, warnings: list[str],
     except ValueError as exc:
         warnings.append(f"{CUDA_ARCH_OVERRIDE_ENV}: {exc}")
         return {"error": str(exc)}
-    if arch is not None and CUDA_ARCH_OVERRIDE_ENV in os.environ and "CONDA_OVERRIDE_CUDA" not in os.environ:
-        warnings.append(f"{CUDA_ARCH_OVERRIDE_ENV} is set but CONDA_OVERRIDE_CUDA is not: pixi "
-                        f"and other rattler-based tools then see no __cuda_arch at all and "
-                        f"install the fallback; set CONDA_OVERRIDE_CUDA=12.4 (say) as well")
+    if (not devices and os.environ.get(CUDA_ARCH_OVERRIDE_ENV, "").strip()
+            and CUDA_OVERRIDE_ENV not in os.environ):
+        warnings.append(f"{CUDA_ARCH_OVERRIDE_ENV} is set but {CUDA_OVERRIDE_ENV} is not: on a "
+                        f"node without a GPU driver pixi, rattler-based tools and conda's "
+                        f"{CUDA_ARCH_PLUGIN} plugin then see no __cuda_arch at all and install "
+                        f"the fallback; set {CUDA_OVERRIDE_ENV}=12.4 (say) as well")
     installed = next((p for p in packages["conda"] if p["name"] == "sm7x-fa2"), None)
     installed_variant = str(installed["build"]).split("_")[0] if installed else None
     if client and client.get("sees_cuda_arch") is False:

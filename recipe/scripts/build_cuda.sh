@@ -17,19 +17,32 @@ set -euo pipefail
 # other layout: every run compiles, as before.
 cache_entry=
 bld=$(cd "$SRC_DIR/../.." && pwd)
-if [[ ${bld##*/} == bld && -f $bld/../.condapackageignore ]]; then
-  key=$({
-    cat "${BASH_SOURCE[0]}"
+# This file from the recipe, not ${BASH_SOURCE[0]}: rattler-build runs a per-output copy
+# with that output's environment written in, which would make every key differ.
+self=${RECIPE_DIR:-}/scripts/build_cuda.sh
+if [[ ${bld##*/} == bld && -f $bld/../.condapackageignore && -f $self ]]; then
+  mkdir -p "$bld/sm7x-cuda-staging"
+  inputs=$(mktemp "$bld/sm7x-cuda-staging/inputs.XXXXXX")
+  {
+    sha256sum < "$self"
     echo "archs=$SM7X_CUDA_ARCHS"
     (cd "$SRC_DIR" && find csrc python/sm7x/targets.json -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
     for env in "$BUILD_PREFIX" "$PREFIX"; do ls "$env/conda-meta" | LC_ALL=C sort; done
-  } | sha256sum | cut -c1-32)
+  } > "$inputs"
+  key=$(sha256sum < "$inputs" | cut -c1-32)
+  mv "$inputs" "$bld/sm7x-cuda-staging/$key.inputs"  # what made the key: diff two to see a miss
   cache_entry=$bld/sm7x-cuda-staging/$key.tar
   if [[ -f $cache_entry ]]; then
     echo "sm7x: same inputs as an earlier output of this build (key $key): installing its libraries"
     mkdir -p "$SP_DIR"
     tar -C "$SP_DIR" -xf "$cache_entry"
     exit 0
+  fi
+  # a miss after an earlier output: say what changed (diff against the newest entry's inputs)
+  last=$(ls -t "$bld"/sm7x-cuda-staging/*.inputs | grep -v "/$key.inputs$" | head -n 1 || true)
+  if [[ -n $last ]]; then
+    echo "sm7x: compiling: the inputs differ from ${last##*/}:"
+    diff "$last" "$bld/sm7x-cuda-staging/$key.inputs" | head -n 20 || true
   fi
 fi
 

@@ -46,8 +46,9 @@ def _source(bld_dir: Path) -> Path:
     return src
 
 
-def _run(tmp: Path, bld_dir: Path, **extra) -> Path:
-    """Run the staging script in bld_dir (its source made if missing); return its SP_DIR."""
+def _run(tmp: Path, bld_dir: Path, want_log: bool = False, **extra):
+    """Run the staging script in bld_dir (its source made if missing); return its SP_DIR
+    (or, with want_log, what it printed)."""
     src = bld_dir / "work"
     if not src.exists():
         _source(bld_dir)
@@ -60,8 +61,13 @@ def _run(tmp: Path, bld_dir: Path, **extra) -> Path:
     env = {"SRC_DIR": str(src), "BUILD_PREFIX": str(bld_dir / "build_env"), "PREFIX": str(bld_dir / "host_env"),
            "SP_DIR": str(sp_dir), "PYTHON": "python3", "SM7X_CUDA_ARCHS": "70;75",
            "COMPILE_LOG": str(tmp / "compiles"), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **extra}
-    subprocess.run(["bash", str(SCRIPT)], cwd=src, env=env, check=True, capture_output=True, text=True)
-    return sp_dir
+    # as rattler-build runs a build script: a copy in the work directory, with this
+    # output's own environment written in front of it, and RECIPE_DIR set
+    wrapper = src / "conda_build.sh"
+    wrapper.write_text(f"export PKG_NAME={bld_dir.name.split('_')[1]}\n" + SCRIPT.read_text())
+    env["RECIPE_DIR"] = str(SCRIPT.parents[1])
+    proc = subprocess.run(["bash", str(wrapper)], cwd=src, env=env, check=True, capture_output=True, text=True)
+    return proc.stdout + proc.stderr if want_log else sp_dir
 
 
 def _compiles(tmp: Path) -> int:
@@ -77,8 +83,9 @@ def test_three_outputs_compile_once_and_install_the_same_files(tmp_path):
     for other in sp[1:]:
         for f in ("sm7x/_core.abi3.so", "sm7x/fa2/_fa2_sm75.abi3.so"):
             assert (other / f).read_bytes() == (sp[0] / f).read_bytes()
-    entries = list((out / "bld" / "sm7x-cuda-staging").iterdir())
-    assert len(entries) == 1 and entries[0].suffix == ".tar", entries  # nothing partial is left
+    entries = sorted(p.name for p in (out / "bld" / "sm7x-cuda-staging").iterdir())
+    # one entry and the inputs that made its key; nothing partial or temporary is left
+    assert len(entries) == 2 and entries[0].endswith(".inputs") and entries[1] == entries[0][:-7] + ".tar"
 
 
 def test_any_changed_input_compiles_again(tmp_path):
@@ -99,11 +106,21 @@ def test_any_changed_input_compiles_again(tmp_path):
     assert _compiles(tmp_path) == 4
 
 
+def test_a_miss_says_which_input_changed(tmp_path):
+    out = _output_dir(tmp_path)
+    _run(tmp_path, out / "bld" / "rattler-build_a_1")
+    second = out / "bld" / "rattler-build_b_1"
+    _source(second)
+    (second / "work" / "csrc" / "k.cu").write_text("kernel v2\n")
+    log = _run(tmp_path, second, want_log=True)
+    assert "the inputs differ from" in log and "csrc/k.cu" in log
+
+
 def test_an_interrupted_entry_is_never_read(tmp_path):
     """A run killed while writing its entry leaves only a .partial file: the next compiles."""
     out = _output_dir(tmp_path)
     _run(tmp_path, out / "bld" / "rattler-build_a_1")
-    (entry,) = (out / "bld" / "sm7x-cuda-staging").iterdir()
+    (entry,) = (out / "bld" / "sm7x-cuda-staging").glob("*.tar")
     entry.rename(entry.with_name(entry.name + ".partial"))
     sp = _run(tmp_path, out / "bld" / "rattler-build_b_1")
     assert _compiles(tmp_path) == 2 and (sp / "sm7x/_core.abi3.so").exists()

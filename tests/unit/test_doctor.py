@@ -106,22 +106,26 @@ def test_t4_library_does_not_cover_a_v100(fake_install):
     assert "installed: sm7x-fa2-sm75" in warning and "sm7x-fa2-sm70" in warning
 
 
-@pytest.mark.parametrize("override, cuda, arch, variant", [
-    ("7.5", "12.4", "7.5", "sm75"),
-    ("8.0", "12.4", "8.0", "sm75"),
-    ("", None, None, "all"),
-    ("7.0", None, "7.0", "sm70"),  # also warns: rattler-based tools need CONDA_OVERRIDE_CUDA
+@pytest.mark.parametrize("override, cuda, gpus, arch, variant", [
+    ("7.5", "12.4", True, "7.5", "sm75"),
+    ("8.0", "12.4", True, "8.0", "sm75"),
+    ("", None, True, None, "all"),
+    ("7.0", None, True, "7.0", "sm70"),  # a driver gives __cuda, so the arch override holds
+    ("7.5", "12.4", False, "7.5", "sm75"),  # a login node making a T4 environment
+    ("7.5", None, False, None, "all"),  # no driver, no __cuda: clients drop __cuda_arch (warned)
 ])
-def test_solver_pick_follows_override(fake_install, monkeypatch, override, cuda, arch, variant):
+def test_solver_pick_follows_override(fake_install, monkeypatch, override, cuda, gpus, arch, variant):
     prefix, pkg = fake_install
     monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", override)
+    monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
     if cuda:
         monkeypatch.setenv("CONDA_OVERRIDE_CUDA", cuda)
-    info = doctor.collect([Device(0, "Tesla V100", (7, 0))], prefix=prefix, package_dir=pkg)
+    devices = [Device(0, "Tesla V100", (7, 0))] if gpus else []
+    info = doctor.collect(devices, prefix=prefix, package_dir=pkg)
     solver = info["solver"]
     assert (solver["cuda_arch"], solver["variant"]) == (arch, variant)
     assert "CONDA_OVERRIDE_CUDA_ARCH" in solver["cuda_arch_source"]
-    needs_cuda = bool(override) and not cuda
+    needs_cuda = bool(override) and not cuda and not gpus
     assert any("CONDA_OVERRIDE_CUDA is not" in w for w in info["warnings"]) == needs_cuda
     text = doctor.render(info)
     assert ("this environment has sm7x-fa2 build 'sm70'" in text) == (variant != "sm70")

@@ -325,6 +325,10 @@ def test_selector_pick_without_a_known_arch_says_so(built):
 def test_node_cuda_arch_override():
     assert node_cuda_arch([V100], environ={"CONDA_OVERRIDE_CUDA_ARCH": "7.5"})[0] == "7.5"
     assert node_cuda_arch([V100], environ={"CONDA_OVERRIDE_CUDA_ARCH": " "})[0] is None
+    # no GPU (no driver): the arch override needs CONDA_OVERRIDE_CUDA, as in the clients
+    assert node_cuda_arch([], environ={"CONDA_OVERRIDE_CUDA_ARCH": "7.5"})[0] is None
+    both = {"CONDA_OVERRIDE_CUDA_ARCH": "7.5", "CONDA_OVERRIDE_CUDA": "12.4"}
+    assert node_cuda_arch([], environ=both)[0] == "7.5"
     with pytest.raises(ValueError, match="MAJOR.MINOR"):
         node_cuda_arch([], environ={"CONDA_OVERRIDE_CUDA_ARCH": "sm_75"})
 
