@@ -64,7 +64,7 @@ def _run(tmp: Path, bld_dir: Path, want_log: bool = False, **extra):
     # as rattler-build runs a build script: a copy in the work directory, with this
     # output's own environment written in front of it, and RECIPE_DIR set
     wrapper = src / "conda_build.sh"
-    wrapper.write_text(f"export PKG_NAME={bld_dir.name.split('_')[1]}\n" + SCRIPT.read_text())
+    wrapper.write_text(f"export PKG_NAME={bld_dir.name}\n" + SCRIPT.read_text())
     env["RECIPE_DIR"] = str(SCRIPT.parents[1])
     proc = subprocess.run(["bash", str(wrapper)], cwd=src, env=env, check=True, capture_output=True, text=True)
     return proc.stdout + proc.stderr if want_log else sp_dir

@@ -5,6 +5,7 @@ nothing else: editing the site tooling must not change it, editing the product m
 from __future__ import annotations
 
 import shutil
+import tomllib
 
 import pytest
 
@@ -53,7 +54,19 @@ def test_a_tooling_edit_keeps_the_digest(tree, edit):
     assert source_digest(["toolchain"], root=tree) == before
 
 
-@pytest.mark.parametrize("edit", ["recipe/recipe.yaml", "python/sm7x/__init__.py", "csrc/CMakeLists.txt"])
+def test_what_the_python_build_reads_is_a_source():
+    """pyproject.toml's readme and license files end up in the sm7x package (dist-info)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    named = [project["readme"]] if isinstance(project.get("readme"), str) else []
+    named += [v for k, v in project.get("license", {}).items() if k == "file"]
+    named += project.get("license-files", [])
+    assert named, "pyproject.toml names no readme or license file: update this test"
+    for rel in named:
+        assert rel in SOURCES or any(rel.startswith(s + "/") for s in SOURCES), rel
+
+
+@pytest.mark.parametrize("edit", ["recipe/recipe.yaml", "python/sm7x/__init__.py", "csrc/CMakeLists.txt",
+                                  "README.md"])
 def test_a_product_edit_changes_the_digest(tree, edit):
     before = source_digest(["toolchain"], root=tree)
     _append(tree / edit)

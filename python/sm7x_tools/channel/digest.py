@@ -13,8 +13,10 @@ from ..hashing import tree_digest
 # Everything the product recipe builds from, and nothing else: of the site tooling only
 # the ABI audit, which recipe/scripts/audit_libs.sh runs from the source tree (with the
 # package __init__ it imports); editing the rest of python/sm7x_tools changes no package.
+# README.md: pyproject.toml's readme, which the sm7x package carries as its dist-info
+# METADATA (two builds of different READMEs must not claim one source).
 SOURCES = ["recipe/recipe.yaml", "recipe/scripts", "csrc", "python/sm7x", "patches", "pyproject.toml", "LICENSE",
-           "python/sm7x_tools/__init__.py", "python/sm7x_tools/audit"]
+           "README.md", "python/sm7x_tools/__init__.py", "python/sm7x_tools/audit"]
 # what drives the build besides the sources (and repacks its packages: repro/): a change
 # here rebuilds ./channel, but is not recorded in the packages
 DRIVER = ["python/sm7x_tools/channel", "python/sm7x_tools/repro", "python/sm7x_tools/requirements.txt"]
