@@ -75,3 +75,12 @@ function(sm7x_target_cuda_too_new out arch nvcc_major)
     set(${out} "it needs CUDA <= ${max}.x: ${why}" PARENT_SCOPE)
   endif()
 endfunction()
+
+# The torch floor (targets.json torch.min, e.g. "2.10") and the stable-ABI macro value it
+# gives: TORCH_TARGET_VERSION is major << 56 | minor << 48 (torch/headeronly/version.h).
+string(JSON SM7X_TORCH_MIN GET "${SM7X_TARGETS}" torch min)
+if(NOT SM7X_TORCH_MIN MATCHES "^([0-9]+)\\.([0-9]+)$")
+  message(FATAL_ERROR "sm7x: targets.json torch.min must be MAJOR.MINOR, not '${SM7X_TORCH_MIN}'")
+endif()
+math(EXPR _sm7x_torch_target "(${CMAKE_MATCH_1} << 56) | (${CMAKE_MATCH_2} << 48)" OUTPUT_FORMAT HEXADECIMAL)
+set(SM7X_TORCH_TARGET_VERSION "${_sm7x_torch_target}")

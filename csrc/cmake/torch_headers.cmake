@@ -1,6 +1,6 @@
 # sm7x_find_torch_headers(<out-var>): torch's include dir for the stable-ABI core, or ""
-# when there is none. Only headers are used (never libtorch/libc10), so any torch >= 2.10
-# install works: a conda libtorch/pytorch host package (pass -DSM7X_TORCH_INCLUDE_DIR) or
+# when there is none. Only headers are used (never libtorch/libc10), so any torch at or
+# above the floor (targets.json torch.min, SM7X_TORCH_MIN) works: a conda libtorch/pytorch host package (pass -DSM7X_TORCH_INCLUDE_DIR) or
 # the torch package of the Python interpreter (found without importing torch).
 function(sm7x_find_torch_headers out)
   set(${out} "" PARENT_SCOPE)
@@ -8,7 +8,7 @@ function(sm7x_find_torch_headers out)
   if(SM7X_TORCH_INCLUDE_DIR)
     if(NOT EXISTS "${SM7X_TORCH_INCLUDE_DIR}/torch/csrc/stable/library.h")
       message(FATAL_ERROR "SM7X_TORCH_INCLUDE_DIR=${SM7X_TORCH_INCLUDE_DIR} does not hold "
-              "torch/csrc/stable/library.h (headers of torch >= 2.10)")
+              "torch/csrc/stable/library.h (headers of torch >= ${SM7X_TORCH_MIN})")
     endif()
     set(inc "${SM7X_TORCH_INCLUDE_DIR}")
     set(how "SM7X_TORCH_INCLUDE_DIR")
@@ -31,10 +31,10 @@ function(sm7x_find_torch_headers out)
     set(inc "${py_inc}")
     set(how "torch of ${Python_EXECUTABLE}")
   endif()
-  # The stable ABI used here (TORCH_TARGET_VERSION 2.10) needs headers of torch >= 2.10.
+  # The stable ABI target (SM7X_TORCH_TARGET_VERSION) needs headers of at least that torch.
   set(vh "${inc}/torch/headeronly/version.h")
   if(NOT EXISTS "${vh}")
-    message(WARNING "sm7x: ${inc} has no torch/headeronly/version.h: torch < 2.10 headers, "
+    message(WARNING "sm7x: ${inc} has no torch/headeronly/version.h: torch < ${SM7X_TORCH_MIN} headers, "
             "not usable for the core ops")
     return()
   endif()
@@ -42,9 +42,9 @@ function(sm7x_find_torch_headers out)
   file(STRINGS "${vh}" minor REGEX "#define TORCH_VERSION_MINOR ")
   string(REGEX REPLACE ".* ([0-9]+).*" "\\1" major "${major}")
   string(REGEX REPLACE ".* ([0-9]+).*" "\\1" minor "${minor}")
-  if("${major}.${minor}" VERSION_LESS 2.10)
+  if("${major}.${minor}" VERSION_LESS "${SM7X_TORCH_MIN}")
     message(WARNING "sm7x: torch headers in ${inc} are version ${major}.${minor}; the core "
-            "ops need >= 2.10")
+            "ops need >= ${SM7X_TORCH_MIN}")
     return()
   endif()
   message(STATUS "sm7x: torch ${major}.${minor} headers: ${inc} (${how})")

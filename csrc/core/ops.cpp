@@ -1,6 +1,7 @@
 // The op layer of sm7x core: schemas, validation, device/stream handling and dispatch
 // to the CPU or CUDA kernels. Written against torch's stable ABI only (compiled with
-// TORCH_TARGET_VERSION 2.10, so one build loads in every torch >= 2.10) and linked
+// TORCH_TARGET_VERSION of the torch floor, targets.json torch.min, so one build loads in
+// every torch from it up) and linked
 // against no torch library: the aoti_torch_* / torch_* C shims it calls are resolved
 // from the torch already loaded in the process.
 //
@@ -274,7 +275,7 @@ struct CudaLaunch {
     SM7X_CHECK(current_cuda_stream(t.get_device_index(), &s), op,
                "cannot get torch's current CUDA stream (aoti_torch_get_current_cuda_stream "
                "was not found in the loaded libtorch_cuda.so or failed); sm7x needs a CUDA "
-               "build of torch >= 2.10");
+               "build of torch >= " SM7X_TORCH_MIN);
     stream = static_cast<cudaStream_t>(s);
   }
 

@@ -24,34 +24,6 @@ std::string item(const char* name, std::size_t i) {
   return std::string(name) + "[" + std::to_string(i) + "]";
 }
 
-// cu_seqlens: batch + 1 entries, cu[0] == 0, non-decreasing, every value <= INT32_MAX.
-void check_cu_seqlens(const char* name, const std::vector<std::int64_t>& cu) {
-  if (cu.empty()) {
-    fail(std::string(name) +
-         " is empty: it must hold batch + 1 cumulative sequence lengths starting with 0 "
-         "(use [0] for an empty batch)");
-  }
-  if (cu[0] != 0) {
-    fail(std::string(name) + " must start at 0, got " + item(name, 0) + "=" +
-         std::to_string(cu[0]) +
-         ": cumulative sequence lengths are an exclusive prefix sum, prepend a 0");
-  }
-  for (std::size_t i = 1; i < cu.size(); ++i) {
-    if (cu[i] < cu[i - 1]) {
-      fail(std::string(name) + " must be non-decreasing, but " + item(name, i) + "=" +
-           std::to_string(cu[i]) + " < " + item(name, i - 1) + "=" +
-           std::to_string(cu[i - 1]) +
-           " (sequence " + std::to_string(i - 1) +
-           " would have a negative length); pass cumulative lengths, not lengths");
-    }
-    if (cu[i] > kInt32Max) {
-      fail(std::string(name) + " value " + item(name, i) + "=" + std::to_string(cu[i]) +
-           " does not fit int32 (max 2147483647): the kernels index tokens with int32, "
-           "split the batch into smaller ones");
-    }
-  }
-}
-
 void check_batch_size(const char* what, std::size_t batch) {
   if (batch > static_cast<std::size_t>(kInt32Max)) {
     fail(std::string(what) + ": batch of " + std::to_string(batch) +
@@ -69,96 +41,6 @@ void check_positive_int32(const char* name, std::int64_t value) {
     fail(std::string(name) + "=" + std::to_string(value) +
          " does not fit int32 (max 2147483647)");
   }
-}
-
-std::int64_t tile_cost(std::int64_t len_q, std::int64_t len_k, std::int64_t m_block,
-                       std::int64_t block_m, std::int64_t block_n, bool causal) {
-  const std::int64_t kv_blocks = ceil_div(len_k, block_n);
-  if (!causal) return kv_blocks;
-  // The tile's last row r sees the most keys: j <= r + len_k - len_q, i.e.
-  // r + len_k - len_q + 1 keys (bottom-right alignment). Rows that see nothing (more
-  // queries than keys, top of the matrix) give a tile of cost 0.
-  const std::int64_t last_row = std::min((m_block + 1) * block_m, len_q) - 1;
-  const std::int64_t visible = last_row + len_k - len_q + 1;
-  if (visible <= 0) return 0;
-  return std::min(ceil_div(visible, block_n), kv_blocks);
-}
-
-TilePlan varlen_tiles(const std::vector<std::int64_t>& cu_seqlens_q,
-                      const std::vector<std::int64_t>& cu_seqlens_k, std::int64_t num_heads,
-                      std::int64_t block_m, std::int64_t block_n, bool causal) {
-  check_positive_int32("num_heads", num_heads);
-  check_positive_int32("block_m", block_m);
-  check_positive_int32("block_n", block_n);
-  check_cu_seqlens("cu_seqlens_q", cu_seqlens_q);
-  check_cu_seqlens("cu_seqlens_k", cu_seqlens_k);
-  if (cu_seqlens_q.size() != cu_seqlens_k.size()) {
-    fail("cu_seqlens_q has " + std::to_string(cu_seqlens_q.size()) +
-         " entries but cu_seqlens_k has " + std::to_string(cu_seqlens_k.size()) +
-         ": both must hold batch + 1 entries for the same batch");
-  }
-  const std::size_t batch = cu_seqlens_q.size() - 1;
-  check_batch_size("varlen_tiles", batch);
-
-  // Count query blocks first so the tile count is checked before anything is allocated.
-  std::int64_t q_blocks = 0;  // <= total query tokens <= INT32_MAX
-  for (std::size_t s = 0; s < batch; ++s) {
-    q_blocks += ceil_div(cu_seqlens_q[s + 1] - cu_seqlens_q[s], block_m);
-  }
-  const std::int64_t num_tiles = q_blocks * num_heads;  // <= 2^62, no overflow
-  if (num_tiles > kInt32Max) {
-    fail("varlen_tiles would produce " + std::to_string(num_tiles) + " tiles (" +
-         std::to_string(q_blocks) + " query blocks x " + std::to_string(num_heads) +
-         " heads), more than the int32 limit 2147483647; use a larger block_m or plan the "
-         "batch in parts");
-  }
-
-  // The cost of a tile does not depend on the head, so sort the (seq, m_block) pairs
-  // once and expand the heads afterwards. They are generated in (seq, m_block) order and
-  // sorted stably by descending cost.
-  struct QBlock {
-    std::int32_t cost, seq, m_block;
-  };
-  std::vector<QBlock> blocks;
-  blocks.reserve(static_cast<std::size_t>(q_blocks));
-  for (std::size_t s = 0; s < batch; ++s) {
-    const std::int64_t len_q = cu_seqlens_q[s + 1] - cu_seqlens_q[s];
-    const std::int64_t len_k = cu_seqlens_k[s + 1] - cu_seqlens_k[s];
-    const std::int64_t m_blocks = ceil_div(len_q, block_m);
-    for (std::int64_t m = 0; m < m_blocks; ++m) {
-      const std::int64_t cost = tile_cost(len_q, len_k, m, block_m, block_n, causal);
-      blocks.push_back({static_cast<std::int32_t>(cost), static_cast<std::int32_t>(s),
-                        static_cast<std::int32_t>(m)});
-    }
-  }
-  std::stable_sort(blocks.begin(), blocks.end(),
-                   [](const QBlock& a, const QBlock& b) { return a.cost > b.cost; });
-
-  // Emit. Equal-cost tiles must come in (seq, head, m_block) order: within each run of
-  // equal (cost, seq) the m_blocks are ascending, so loop head-major over the run.
-  TilePlan plan;
-  plan.num_tiles = num_tiles;
-  plan.tiles.resize(static_cast<std::size_t>(num_tiles) * kTileColumns);
-  std::int32_t* out = plan.tiles.data();
-  for (std::size_t begin = 0; begin < blocks.size();) {
-    std::size_t end = begin + 1;
-    while (end < blocks.size() && blocks[end].cost == blocks[begin].cost &&
-           blocks[end].seq == blocks[begin].seq) {
-      ++end;
-    }
-    for (std::int64_t h = 0; h < num_heads; ++h) {
-      for (std::size_t b = begin; b < end; ++b) {
-        *out++ = blocks[b].seq;
-        *out++ = static_cast<std::int32_t>(h);
-        *out++ = blocks[b].m_block;
-        *out++ = blocks[b].cost;
-      }
-    }
-    plan.total_cost += static_cast<std::int64_t>(blocks[begin].cost) *
-                       static_cast<std::int64_t>(end - begin) * num_heads;
-    begin = end;
-  }
-  return plan;
 }
 
 // Split-KV model (FlashDecoding).

@@ -180,30 +180,6 @@ class Int32Buffer {
   std::int32_t empty_ = 0;
 };
 
-class TileList : public Int32Buffer {
- public:
-  TileList(sched::TilePlan plan, std::int64_t num_heads, std::int64_t block_m,
-           std::int64_t block_n, bool causal)
-      : Int32Buffer("tiles", std::move(plan.tiles),
-                    {static_cast<py::ssize_t>(plan.num_tiles), sched::kTileColumns}),
-        total_cost(plan.total_cost),
-        num_heads(num_heads),
-        block_m(block_m),
-        block_n(block_n),
-        causal(causal) {}
-
-  std::string repr() const {
-    return "TileList(num_tiles=" + std::to_string(length()) +
-           ", total_cost=" + std::to_string(total_cost) +
-           ", num_heads=" + std::to_string(num_heads) + ", block_m=" + std::to_string(block_m) +
-           ", block_n=" + std::to_string(block_n) + ", causal=" + (causal ? "True" : "False") +
-           ")";
-  }
-
-  std::int64_t total_cost, num_heads, block_m, block_n;
-  bool causal;
-};
-
 struct SplitPlan {
   std::shared_ptr<Int32Buffer> num_splits, split_offsets, partitions;
   std::int64_t total_splits, waves, max_chunk_blocks;
@@ -217,19 +193,6 @@ struct SplitPlan {
            ", block_n=" + std::to_string(block_n) + ")";
   }
 };
-
-std::shared_ptr<TileList> py_varlen_tiles(py::object cu_seqlens_q, py::object cu_seqlens_k,
-                                          std::int64_t num_heads, std::int64_t block_m,
-                                          std::int64_t block_n, bool causal) {
-  std::vector<std::int64_t> cu_q = read_index_buffer(cu_seqlens_q, "cu_seqlens_q");
-  std::vector<std::int64_t> cu_k = read_index_buffer(cu_seqlens_k, "cu_seqlens_k");
-  sched::TilePlan plan;
-  {
-    py::gil_scoped_release nogil;
-    plan = sched::varlen_tiles(cu_q, cu_k, num_heads, block_m, block_n, causal);
-  }
-  return std::make_shared<TileList>(std::move(plan), num_heads, block_m, block_n, causal);
-}
 
 std::shared_ptr<SplitPlan> py_split_kv_plan(py::object seqlens_k, std::int64_t num_heads,
                                             std::int64_t num_sms, std::int64_t block_n,
@@ -262,10 +225,8 @@ std::shared_ptr<SplitPlan> py_split_kv_plan(py::object seqlens_k, std::int64_t n
   return out;
 }
 
-const char* const kModuleDoc = R"doc(Work planners for sm7x attention kernels (CPU only, no torch or numpy needed).
+const char* const kModuleDoc = R"doc(The split-KV planner of sm7x's serving kernels (CPU only, no torch or numpy needed).
 
-varlen_tiles(cu_seqlens_q, cu_seqlens_k, num_heads, block_m=128, block_n=64, causal=False)
-    Tile list of a variable-length prefill batch, longest tiles first.
 split_kv_plan(seqlens_k, num_heads, num_sms, block_n=64, max_splits=128)
     FlashDecoding-style split-KV plan for a decode batch.
 
@@ -280,15 +241,6 @@ const char* const kInt32BufferDoc = R"doc(Read-only C-contiguous int32 array (1-
 Exposes the buffer protocol (format 'i'): memoryview(buf), numpy.asarray(buf) and
 torch.frombuffer(buf, dtype=torch.int32) view it without copying (read-only: torch warns
 about that; .clone() the tensor before writing to it).)doc";
-
-const char* const kTileListDoc = R"doc(Tiles of a varlen attention batch, from varlen_tiles().
-
-A read-only int32 array of shape (num_tiles, 4) through the buffer protocol, one row per
-tile with the columns (seq, head, m_block, cost): query block m_block covers rows
-[m_block*block_m, min((m_block+1)*block_m, len_q)) of sequence seq, and cost is the number
-of KV blocks (of block_n keys) the tile visits (0 for causal tiles that see no key; the
-kernel still writes their zero output and -inf LSE). Rows are ordered by descending cost,
-ties by (seq, head, m_block) ascending.)doc";
 
 const char* const kSplitPlanDoc = R"doc(Split-KV (FlashDecoding) plan, from split_kv_plan().
 
@@ -315,21 +267,6 @@ PYBIND11_MODULE(_sched, m, py::mod_gil_not_used()) {
       .def("tolist", &Int32Buffer::tolist, "Copy into a (nested) list of ints.")
       .def("__repr__", &Int32Buffer::repr);
 
-  using TileListClass = py::class_<TileList, Int32Buffer, std::shared_ptr<TileList>>;
-  TileListClass(m, "TileList", py::buffer_protocol(), kTileListDoc)
-      .def_buffer([](const TileList& t) { return t.buffer_info(); })
-      .def("__len__", &TileList::length, "Number of tiles.")
-      .def_readonly("total_cost", &TileList::total_cost, "Sum of all tile costs, in KV blocks.")
-      .def_property_readonly(
-          "columns",
-          [](const TileList&) { return py::make_tuple("seq", "head", "m_block", "cost"); },
-          "Column names: ('seq', 'head', 'm_block', 'cost').")
-      .def_readonly("num_heads", &TileList::num_heads)
-      .def_readonly("block_m", &TileList::block_m)
-      .def_readonly("block_n", &TileList::block_n)
-      .def_readonly("causal", &TileList::causal)
-      .def("__repr__", &TileList::repr);
-
   py::class_<SplitPlan, std::shared_ptr<SplitPlan>>(m, "SplitPlan", kSplitPlanDoc)
       .def_property_readonly("num_splits", [](const SplitPlan& p) { return p.num_splits; })
       .def_property_readonly("split_offsets",
@@ -346,22 +283,6 @@ PYBIND11_MODULE(_sched, m, py::mod_gil_not_used()) {
            "Batch size.")
       .def("__repr__", &SplitPlan::repr);
 
-  m.def("varlen_tiles", &py_varlen_tiles, py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"),
-        py::arg("num_heads"), py::arg("block_m") = 128, py::arg("block_n") = 64,
-        py::arg("causal") = false,
-        R"doc(Plan the tiles of a variable-length attention batch.
-
-cu_seqlens_q, cu_seqlens_k: 1-D int32/int64 buffers of batch + 1 cumulative lengths
-    (start at 0, non-decreasing, same length).
-num_heads: query heads; block_m: query rows per tile; block_n: keys per KV block.
-causal: bottom-right aligned causal mask (query row i sees keys j <= i + len_k - len_q).
-
-Returns a TileList: one tile per (sequence, head, query block), sequences with no query
-have none. Cost = KV blocks visited: ceil(len_k / block_n), or for causal tiles
-clamp(ceil((r + len_k - len_q + 1) / block_n), 0, ceil(len_k / block_n)) with r the
-tile's last row. Ordered longest first (descending cost, then seq, head, m_block).
-Raises ValueError on invalid input.)doc");
-
   m.def("split_kv_plan", &py_split_kv_plan, py::arg("seqlens_k"), py::arg("num_heads"),
         py::arg("num_sms"), py::arg("block_n") = 64, py::arg("max_splits") = 128,
         R"doc(Plan FlashDecoding-style split-KV for a decode batch.
@@ -377,6 +298,5 @@ the smallest estimated makespan ceil(num_heads * total_splits / num_sms) *
 max_i ceil(nblocks_i / splits_i) wins, ties toward fewer splits. Returns a SplitPlan.
 Raises ValueError on invalid input.)doc");
 
-  m.attr("__all__") = py::make_tuple("varlen_tiles", "split_kv_plan", "TileList", "SplitPlan",
-                                     "Int32Buffer");
+  m.attr("__all__") = py::make_tuple("split_kv_plan", "SplitPlan", "Int32Buffer");
 }

@@ -1,8 +1,8 @@
 // The op layer of sm7x's FlashAttention-2 for Turing (_fa2_sm75.abi3.so) and
 // Volta (_fa2_sm70.abi3.so): schemas, validation, device/stream handling and dispatch to
 // the kernels (fa2.h).
-// Written against torch's stable ABI only (TORCH_TARGET_VERSION 2.10), like csrc/core:
-// one build loads in every torch >= 2.10. Each library of the FA2 family registers its
+// Written against torch's stable ABI only (TORCH_TARGET_VERSION of the torch floor,
+// targets.json torch.min), like csrc/core: one build loads in every torch from it up. Each library of the FA2 family registers its
 // own namespace (sm7x_fa2_sm75, sm7x_fa2_sm70: SM7X_FA2_NAMESPACE below), so the sm70
 // and sm75 libraries can share a process.
 //
@@ -169,7 +169,7 @@ cudaStream_t current_stream(const char* op, const Tensor& q) {
   FA2_CHECK(sm7x::core::current_cuda_stream(q.get_device_index(), &s), op,
             "cannot get torch's current CUDA stream (aoti_torch_get_current_cuda_stream was "
             "not found in the loaded libtorch_cuda.so or failed); sm7x needs a CUDA build of "
-            "torch >= 2.10");
+            "torch >= " SM7X_TORCH_MIN);
   return static_cast<cudaStream_t>(s);
 }
 

@@ -1,8 +1,9 @@
 """Finds and loads sm7x's core op library, ``_core.abi3.so`` (package sm7x-core).
 
 The library registers the ``torch.ops.sm7x.*`` operators when it is loaded into a
-process that has torch (>= 2.10): it is built against torch's stable ABI and links no
-torch library, so one file serves every torch >= 2.10 and every Python >= 3.10. It is
+process that has torch (at least the floor, targets.json torch.min): it is built against
+torch's stable ABI and links no torch library, so one file serves every torch from that
+floor up and every Python >= 3.10. It is
 not a Python module (no ``PyInit``): it is loaded with ``torch.ops.load_library``.
 
 Search order (never the working directory; README, "The loader"):

@@ -18,6 +18,8 @@ import os
 import struct
 from pathlib import Path
 
+from . import _targets
+
 _ELF_MAGIC = b"\x7fELF"
 _ET_DYN, _PT_LOAD, _SHT_STRTAB = 3, 1, 3
 
@@ -87,9 +89,9 @@ def _truncated(size: int, needed: int, what: str) -> str:
 
 def load_failure(exc: OSError, torch_version: str) -> str:
     """Why dlopen refused a library that passed :func:`problem`: torch's stable-ABI shims
-    missing (torch older than 2.10), or the loader's own words."""
+    missing (torch older than the floor, targets.json torch.min), or the loader's own words."""
     why = str(exc)
     if "undefined symbol" in why and "torch" in why:
-        return (f"{why}. The library needs torch >= 2.10 (it uses torch's stable ABI; this "
+        return (f"{why}. The library needs torch >= {_targets.torch_min()} (it uses torch's stable ABI; this "
                 f"torch is {torch_version}): upgrade torch")
     return why

@@ -60,6 +60,11 @@ def selector_installs(arch: str) -> tuple[str, ...]:
     return tuple(load()["archs"][arch]["selector_installs"])
 
 
+def torch_min() -> str:
+    """The oldest torch the native libraries load in ("2.10"): their stable-ABI target."""
+    return str(load()["torch"]["min"])
+
+
 def fallback_build(every_arch: bool) -> int:
     """Build number of the fallback selector (no __cuda_arch needed)."""
     return int(load()["selector_fallback_build"]["every_arch" if every_arch else "one_arch"])

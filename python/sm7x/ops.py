@@ -36,12 +36,14 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
+from . import _targets
+
 try:
     import torch
-except ImportError as exc:  # sm7x-core runs in any torch >= 2.10 but does not pull one in
+except ImportError as exc:  # sm7x-core runs in any torch from the floor up but does not pull one in
     raise ImportError(
-        "sm7x.ops needs PyTorch >= 2.10, which is not installed in this environment: "
-        "conda install pytorch (or: pixi add pytorch)"
+        f"sm7x.ops needs PyTorch >= {_targets.torch_min()}, which is not installed in this "
+        "environment: conda install pytorch (or: pixi add pytorch)"
     ) from exc
 
 from . import _args, _core_loader

@@ -21,9 +21,6 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
 PLAN = """
 import array, sm7x, sm7x._sched as s
-cu = array.array('i', [0, 1, 300, 333])
-tiles = s.varlen_tiles(cu, cu, 4, causal=True)
-assert len(tiles) == 4 * (1 + 3 + 1), len(tiles)
 plan = s.split_kv_plan(array.array('i', [1, 4096, 70000]), 8, 80)
 assert plan.total_splits >= 3
 print(s.__file__)

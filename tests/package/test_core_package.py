@@ -10,6 +10,7 @@ import pytest
 from pkgtest import CHANNEL, CHANNELS, run
 from sourcetree import run_tool
 
+from sm7x import _targets
 from sm7x_tools import envs
 
 pytestmark = pytest.mark.package
@@ -39,7 +40,7 @@ def test_one_abi3_build_for_every_python_and_torch():
     assert rec.get("noarch") == "python", "a version-independent (CEP 20 abi3) package"
     assert not any(d.startswith(("python_abi", "pytorch", "libtorch")) for d in rec["depends"]), rec["depends"]
     assert "python >=3.10" in rec["depends"]
-    assert {"pytorch >=2.10", "__cuda >=12"} <= set(rec.get("constrains", [])), rec.get("constrains")
+    assert {f"pytorch >={_targets.torch_min()}", "__cuda >=12"} <= set(rec.get("constrains", [])), rec.get("constrains")
 
 
 @pytest.mark.parametrize("python", ["3.10", "3.12", "3.13"])

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from sm7x import _targets
 from sm7x_tools import envs, kernels
 from pkgtest import CHANNEL, CHANNELS, run
 
@@ -64,7 +65,7 @@ def test_one_abi3_build(arch):
     data = json.loads((CHANNEL / "linux-64" / "repodata.json").read_text())["packages.conda"]
     (rec,) = [r for r in data.values() if r["name"] == f"sm7x-fa2-{arch}"]
     assert rec.get("noarch") == "python" and rec["build"].startswith("cuda124_")
-    assert {"pytorch >=2.10", "__cuda >=12"} <= set(rec.get("constrains", []))
+    assert {f"pytorch >={_targets.torch_min()}", "__cuda >=12"} <= set(rec.get("constrains", []))
     assert not any(d.startswith(("python_abi", "pytorch", "libtorch")) for d in rec["depends"])
 
 

@@ -17,6 +17,7 @@ import pytest
 from pkgtest import CHANNEL
 from sourcetree import run_tool
 
+import sm7x
 from sm7x._select import selector_pick
 from sm7x_tools import bootstrap, envs
 from sm7x_tools.airgap import merge as merge_mod
@@ -56,7 +57,7 @@ def test_sm75_variant_builds_only_turing_outputs(sm75_channel):
     [fallback] = [rec for rec in files.values() if rec["name"] == "sm7x-fa2" and rec["build"].startswith("all")]
     # pin_subpackage(exact=True): the sm75 library of this very build (version and build string)
     [(name, version, build)] = [d.split() for d in fallback["depends"]]
-    assert (name, version) == ("sm7x-fa2-sm75", "==0.1.0") and build.startswith("cuda")
+    assert (name, version) == ("sm7x-fa2-sm75", f"=={sm7x.__version__}") and build.startswith("cuda")
     assert fallback["constrains"] == ["__cuda_arch >=7.5"]
     assert fallback["build_number"] == 0  # below the both-archs fallback of a merged channel
 
@@ -76,7 +77,7 @@ def test_single_arch_channel_matches_the_doctors_rules(sm75_channel):
 def test_shared_outputs_are_rebuilt_bytes_with_one_source(sm75_channel, merged):
     default, sm75 = _repodata(CHANNEL), _repodata(sm75_channel)
     shared = sorted(set(default) & set(sm75))
-    assert any("sm7x-ext" in f for f in shared) and "noarch/sm7x-0.1.0-pyh7511447_0.conda" in shared
+    assert any("sm7x-ext" in f for f in shared) and f"noarch/sm7x-{sm7x.__version__}-pyh7511447_0.conda" in shared
     # rebuilt on "another machine": the same payload, read from both archives
     for f in shared:
         assert merge_mod.compare_content(CHANNEL / f, sm75_channel / f) == [], f
@@ -121,5 +122,5 @@ def test_rebuilt_outputs_merge_without_keep_first(sm75_channel, tmp_path):
     with the same payload (a payload that differs is still refused: test_airgap.py)."""
     result = merge(tmp_path / "out", [CHANNEL, sm75_channel], [bootstrap.CHANNEL])
     notes = {e.path.name: " ".join(e.notes) for e in result.entries}
-    assert notes["sm7x-0.1.0-pyh7511447_0.conda"].startswith(("identical in 2", "2 has the same payload"))
+    assert notes[f"sm7x-{sm7x.__version__}-pyh7511447_0.conda"].startswith(("identical in 2", "2 has the same payload"))
     assert verify(tmp_path / "out", [bootstrap.CHANNEL]).ok

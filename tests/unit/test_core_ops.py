@@ -15,9 +15,12 @@ import textwrap
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the core ops need torch >= 2.10")
-if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 10):
-    pytest.skip(f"torch {torch.__version__} < 2.10: no stable ABI for the core ops",
+from sm7x import _targets
+
+torch = pytest.importorskip("torch", reason="the core ops need torch")
+_FLOOR = _targets.torch_min()
+if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < tuple(map(int, _FLOOR.split("."))):
+    pytest.skip(f"torch {torch.__version__} < {_FLOOR}: no stable ABI for the core ops",
                 allow_module_level=True)
 
 from sm7x import _core_loader  # noqa: E402

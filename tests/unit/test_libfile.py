@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sm7x import _libfile, _select
+from sm7x import _libfile, _select, _targets
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_doctor_reports_a_truncated_library(real_library, tmp_path, monkeypatch)
 
 def test_load_failure_blames_torch_only_for_missing_torch_symbols():
     old = OSError("_core.abi3.so: undefined symbol: aoti_torch_get_current_cuda_stream")
-    assert "torch >= 2.10" in _libfile.load_failure(old, "2.9.1")
+    assert f"torch >= {_targets.torch_min()}" in _libfile.load_failure(old, "2.9.1")
     other = OSError("_core.abi3.so: invalid ELF header")
     assert _libfile.load_failure(other, "2.13.0") == "_core.abi3.so: invalid ELF header"
 

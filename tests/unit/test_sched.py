@@ -1,7 +1,7 @@
-"""Invariants of the sm7x._sched planners (varlen tile lists and split-KV plans).
+"""Invariants of the sm7x._sched planner (split-KV plans for decode).
 
 Runs on CPU with the standard library only (array.array, memoryview): the module needs
-neither torch nor numpy. Costs and plans are checked against brute-force Python
+neither torch nor numpy. Plans are checked against brute-force Python
 references written from the definitions, not from the C++ code.
 """
 
@@ -51,42 +51,6 @@ def rows(buf):
     mv = memoryview(buf)
     assert mv.ndim == 2
     return [tuple(r) for r in mv.tolist()]
-
-
-def ref_tile_cost(len_q, len_k, m, block_m, block_n, causal):
-    """KV blocks a tile visits: blocks holding at least one key visible to one of its rows.
-
-    Visibility is monotone in the key index, so a block holds a visible key for row i iff
-    its first key b*block_n is visible; rows are enumerated one by one.
-    """
-    nblocks = ceil_div(len_k, block_n)
-    visited = set()
-    for i in range(m * block_m, min((m + 1) * block_m, len_q)):
-        for b in range(nblocks):
-            if not causal or b * block_n <= i + len_k - len_q:
-                visited.add(b)
-    return len(visited)
-
-
-def ref_tile_cost_exhaustive(len_q, len_k, m, block_m, block_n, causal):
-    """Same by enumerating every (row, key) pair: the definition itself (small sizes only)."""
-    visited = set()
-    for i in range(m * block_m, min((m + 1) * block_m, len_q)):
-        for j in range(len_k):
-            if not causal or j <= i + len_k - len_q:
-                visited.add(j // block_n)
-    return len(visited)
-
-
-def ref_tiles(lens_q, lens_k, num_heads, block_m, block_n, causal):
-    tiles = []
-    for s, (lq, lk) in enumerate(zip(lens_q, lens_k)):
-        for m in range(ceil_div(lq, block_m)):
-            cost = ref_tile_cost(lq, lk, m, block_m, block_n, causal)
-            for h in range(num_heads):
-                tiles.append((s, h, m, cost))
-    tiles.sort(key=lambda t: (-t[3], t[0], t[1], t[2]))
-    return tiles
 
 
 def ref_split_counts(lens, num_heads, num_sms, block_n, max_splits):
@@ -148,16 +112,16 @@ def check_split_plan(plan, lens, num_heads, num_sms, block_n, max_splits):
 
 
 # --------------------------------------------------------------------------------------
-# module surface and buffer protocol
+# module surface, buffer protocol and inputs
 
 
 def test_module_surface():
-    assert "varlen_tiles" in sched.__doc__ and "split_kv_plan" in sched.__doc__
-    assert set(sched.__all__) == {"varlen_tiles", "split_kv_plan", "TileList", "SplitPlan", "Int32Buffer"}
+    assert "split_kv_plan" in sched.__doc__
+    assert set(sched.__all__) == {"split_kv_plan", "SplitPlan", "Int32Buffer"}
     for name in sched.__all__:
         assert getattr(sched, name).__doc__
     with pytest.raises(TypeError):
-        sched.TileList()  # results come from the planners only
+        sched.Int32Buffer()  # results come from the planner only
 
 
 def test_no_torch_or_numpy_imported(tmp_path):
@@ -165,235 +129,96 @@ def test_no_torch_or_numpy_imported(tmp_path):
 
     code = (
         "import sys, array, sm7x._sched as s\n"
-        "t = s.varlen_tiles(array.array('i', [0, 5]), array.array('i', [0, 5]), 1)\n"
-        "assert memoryview(t).shape == (1, 4)\n"
+        "p = s.split_kv_plan(array.array('i', [5]), 1, 80)\n"
+        "assert memoryview(p.partitions).shape == (1, 3)\n"
         "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
 
 
-def test_tilelist_buffer_protocol():
-    t = sched.varlen_tiles(i32([0, 130, 131]), i32([0, 200, 300]), 2, causal=True)
+def test_partitions_buffer_protocol():
+    plan = sched.split_kv_plan(i32([200, 64]), 1, 80, block_n=64, max_splits=2)
+    t = plan.partitions
     mv = memoryview(t)
-    assert (mv.format, mv.itemsize, mv.ndim, mv.shape) == ("i", 4, 2, (6, 4))
-    assert mv.readonly and mv.c_contiguous and mv.strides == (16, 4)
-    assert len(t) == 6 and t.shape == (6, 4)
-    assert t.columns == ("seq", "head", "m_block", "cost")
-    assert (t.num_heads, t.block_m, t.block_n, t.causal) == (2, 128, 64, True)
-    # Hand-computed: seq 0 (130 q, 200 k): last rows 127 and 129 see 198 and 200 keys -> 4
-    # blocks each; seq 1 (1 q, 100 k) sees all 100 keys -> 2 blocks.
-    expected = [(0, 0, 0, 4), (0, 0, 1, 4), (0, 1, 0, 4), (0, 1, 1, 4), (1, 0, 0, 2), (1, 1, 0, 2)]
-    assert rows(t) == expected
-    assert t.tolist() == [list(r) for r in expected]
-    assert t.total_cost == 20
-    assert "TileList(num_tiles=6" in repr(t) and "total_cost=20" in repr(t)
+    assert (mv.format, mv.itemsize, mv.ndim, mv.shape) == ("i", 4, 2, (3, 3))
+    assert mv.readonly and mv.c_contiguous and mv.strides == (12, 4)
+    assert len(t) == 3 and t.shape == (3, 3) and t.name == "partitions"
+    # hand-computed: 4 and 1 blocks of 64 keys, at most 2 splits: 2 chunks of 2 blocks, 1
+    assert memoryview(plan.num_splits).tolist() == [2, 1]
+    assert rows(t) == [(0, 0, 128), (0, 128, 200), (1, 0, 64)]
+    assert t.tolist() == [list(r) for r in rows(t)]
     with pytest.raises(TypeError):
         mv[0, 0] = 1  # read-only
-    assert isinstance(t, sched.Int32Buffer)
+    raw = bytes(mv)
+    flat = struct.unpack(f"={len(t) * 3}i", raw)
+    assert [tuple(flat[k : k + 3]) for k in range(0, len(flat), 3)] == rows(t)
     # the view keeps the data alive
-    del t
-    assert mv.tolist()[0] == [0, 0, 0, 4]
-
-
-def test_struct_unpack_matches_rows():
-    t = sched.varlen_tiles(i32([0, 3, 10]), i32([0, 7, 7]), 3, block_m=2, block_n=4)
-    raw = bytes(memoryview(t))
-    flat = struct.unpack(f"={len(t) * 4}i", raw)
-    assert [tuple(flat[k : k + 4]) for k in range(0, len(flat), 4)] == rows(t)
-
-
-# --------------------------------------------------------------------------------------
-# varlen_tiles
-
-
-@st.composite
-def varlen_batches(draw):
-    batch = draw(st.integers(0, 5))
-    lens_q = draw(st.lists(st.integers(0, 300), min_size=batch, max_size=batch))
-    # key lengths both shorter and longer than the queries (cross attention, KV cache)
-    lens_k = draw(st.lists(st.integers(0, 400), min_size=batch, max_size=batch))
-    return lens_q, lens_k
-
-
-@SETTINGS
-@given(
-    varlen_batches(),
-    st.integers(1, 3),
-    st.sampled_from([16, 64, 128, 48]),
-    st.sampled_from([16, 32, 64, 40]),
-    st.booleans(),
-    st.booleans(),
-)
-def test_varlen_tiles_match_reference(batch, num_heads, block_m, block_n, causal, use_int64):
-    lens_q, lens_k = batch
-    make = i64 if use_int64 else i32
-    t = sched.varlen_tiles(make(cumsum(lens_q)), make(cumsum(lens_k)), num_heads, block_m, block_n, causal)
-    got = rows(t)
-    expected = ref_tiles(lens_q, lens_k, num_heads, block_m, block_n, causal)
-    # every (seq, head, m_block) exactly once
-    keys = [r[:3] for r in got]
-    assert len(keys) == len(set(keys))
-    assert set(keys) == {r[:3] for r in expected}
-    # ordering: longest first, ties by (seq, head, m_block)
-    assert got == sorted(got, key=lambda r: (-r[3], r[0], r[1], r[2]))
-    # costs against the brute-force reference, and within bounds
-    assert got == expected
-    for s, _, m, cost in got:
-        assert 0 <= cost <= ceil_div(lens_k[s], block_n)
-        assert m * block_m < lens_q[s]
-        if not causal:
-            assert cost == ceil_div(lens_k[s], block_n)
-    assert t.total_cost == sum(r[3] for r in got)
-    assert len(t) == num_heads * sum(ceil_div(n, block_m) for n in lens_q)
-
-
-def test_causal_cost_exhaustive_small():
-    """Every tile of single-sequence batches with tiny sizes, against the (row, key) definition."""
-    for block_m in (1, 2, 3, 4):
-        for block_n in (1, 2, 3, 5):
-            for len_q in range(0, 10):
-                for len_k in range(0, 10):
-                    for causal in (False, True):
-                        t = sched.varlen_tiles(i32([0, len_q]), i32([0, len_k]), 1, block_m, block_n, causal)
-                        got = {r[2]: r[3] for r in rows(t)}
-                        want = {
-                            m: ref_tile_cost_exhaustive(len_q, len_k, m, block_m, block_n, causal)
-                            for m in range(ceil_div(len_q, block_m))
-                        }
-                        assert got == want, (block_m, block_n, len_q, len_k, causal)
-
-
-def test_causal_formula_bottom_right():
-    # 256 queries, 1024 keys (prefix cached): last row of block m sees m*128+127+768+1 keys
-    t = sched.varlen_tiles(i32([0, 256]), i32([0, 1024]), 1, causal=True)
-    assert rows(t) == [(0, 0, 1, 16), (0, 0, 0, 14)]
-    # square causal: block m sees (m+1)*128 keys
-    t = sched.varlen_tiles(i32([0, 512]), i32([0, 512]), 1, causal=True)
-    assert rows(t) == [(0, 0, 3, 8), (0, 0, 2, 6), (0, 0, 1, 4), (0, 0, 0, 2)]
-
-
-def test_causal_tiles_without_keys_are_listed():
-    # 300 queries but only 10 keys: rows 0..289 see nothing (bottom-right alignment)
-    t = sched.varlen_tiles(i32([0, 300]), i32([0, 10]), 2, block_m=64, block_n=64, causal=True)
-    got = rows(t)
-    assert len(got) == 2 * 5
-    assert [r for r in got if r[3] > 0] == [(0, 0, 4, 1), (0, 1, 4, 1)]
-    assert sorted(r[2] for r in got if r[3] == 0) == [0, 0, 1, 1, 2, 2, 3, 3]
-    # no keys at all: every tile costs 0, in both modes
-    for causal in (False, True):
-        t = sched.varlen_tiles(i32([0, 100]), i32([0, 0]), 1, block_m=32, causal=causal)
-        assert rows(t) == [(0, 0, m, 0) for m in range(4)]
-        assert t.total_cost == 0
-
-
-@pytest.mark.parametrize(
-    "cu_q, cu_k",
-    [
-        ([0], [0]),  # batch of 0
-        ([0, 0, 0], [0, 0, 0]),  # only empty sequences
-        ([0, 0, 0], [0, 5, 70]),  # keys but no queries
-    ],
-)
-def test_empty_tile_lists(cu_q, cu_k):
-    for make in (i32, i64):
-        t = sched.varlen_tiles(make(cu_q), make(cu_k), 4, causal=True)
-        mv = memoryview(t)
-        assert (len(t), mv.shape, mv.format, mv.tolist(), t.total_cost) == (0, (0, 4), "i", [], 0)
-        assert t.tolist() == []
-
-
-def test_degenerate_sequences():
-    # len_q 0 sequences vanish, seqlen 1, lengths that are not block multiples
-    lens_q = [0, 1, 129, 0, 64, 65]
-    lens_k = [3, 1, 129, 0, 1, 200]
-    t = sched.varlen_tiles(i32(cumsum(lens_q)), i32(cumsum(lens_k)), 2, block_m=64, block_n=64, causal=True)
-    got = rows(t)
-    assert {r[0] for r in got} == {1, 2, 4, 5}
-    assert got == ref_tiles(lens_q, lens_k, 2, 64, 64, True)
+    first = rows(t)[0]
+    del t, plan
+    assert tuple(mv.tolist()[0]) == first
 
 
 def test_int64_and_mixed_inputs():
-    lens_q, lens_k = [5, 200, 0, 77], [9, 300, 12, 77]
-    ref = rows(sched.varlen_tiles(i32(cumsum(lens_q)), i32(cumsum(lens_k)), 3, 32, 16, True))
-    assert rows(sched.varlen_tiles(i64(cumsum(lens_q)), i64(cumsum(lens_k)), 3, 32, 16, True)) == ref
-    assert rows(sched.varlen_tiles(i32(cumsum(lens_q)), i64(cumsum(lens_k)), 3, 32, 16, True)) == ref
+    lens = [5, 200, 0, 77, 9000]
+    ref = rows(sched.split_kv_plan(i32(lens), 2, 80, 16).partitions)
+    assert rows(sched.split_kv_plan(i64(lens), 2, 80, 16).partitions) == ref
     if array.array("l").itemsize == 8:
-        ll = array.array("l", cumsum(lens_q))
-        assert rows(sched.varlen_tiles(ll, i64(cumsum(lens_k)), 3, 32, 16, True)) == ref
+        assert rows(sched.split_kv_plan(array.array("l", lens), 2, 80, 16).partitions) == ref
     # raw bytes cast to int64, including a misaligned view
-    raw = b"\0" + struct.pack(f"={len(lens_q) + 1}q", *cumsum(lens_q))
+    raw = b"\0" + struct.pack(f"={len(lens)}q", *lens)
     view = memoryview(raw)[1:].cast("q")
-    assert rows(sched.varlen_tiles(view, memoryview(i32(cumsum(lens_k))), 3, 32, 16, True)) == ref
+    assert rows(sched.split_kv_plan(view, 2, 80, 16).partitions) == ref
 
 
 def test_numpy_input_if_available():
     np = pytest.importorskip("numpy")
-    cu = np.array([0, 100, 300], dtype=np.int64)
-    t = sched.varlen_tiles(cu, cu.astype(np.int32), 2, causal=True)
-    arr = np.asarray(t)
-    assert arr.dtype == np.int32 and arr.shape == (len(t), 4)
-    assert arr.tolist() == [list(r) for r in rows(t)]
+    lens = np.array([100, 3000], dtype=np.int64)
+    plan = sched.split_kv_plan(lens, 2, 80)
+    arr = np.asarray(plan.partitions)
+    assert arr.dtype == np.int32 and arr.shape == (plan.total_splits, 3)
+    assert arr.tolist() == [list(r) for r in rows(plan.partitions)]
+    assert rows(sched.split_kv_plan(lens.astype(np.int32), 2, 80).partitions) == rows(plan.partitions)
     with pytest.raises(ValueError, match="byte order|format"):
-        sched.varlen_tiles(cu.astype(">i4"), cu, 2)
+        sched.split_kv_plan(lens.astype(">i4"), 2, 80)
     with pytest.raises(ValueError, match="contiguous"):
-        sched.varlen_tiles(np.arange(10, dtype=np.int32)[::3], np.arange(4, dtype=np.int32), 1)
+        sched.split_kv_plan(np.arange(10, dtype=np.int32)[::3], 1, 80)
 
 
 def test_default_parameters():
-    t = sched.varlen_tiles(i32([0, 1000]), i32([0, 1000]), 1)
-    assert (t.block_m, t.block_n, t.causal) == (128, 64, False)
-    assert len(t) == 8 and {r[3] for r in rows(t)} == {16}
+    plan = sched.split_kv_plan(i32([1000]), 1, 80)
+    assert (plan.block_n, plan.max_splits) == (64, 128)
 
 
-# --------------------------------------------------------------------------------------
-# bad input -> ValueError (TypeError for non-buffers), never a crash
-
-
-def _bad_varlen_cases():
-    good = i32([0, 4, 9])
+def _bad_buffers():
     two_d = memoryview(struct.pack("=4i", 0, 1, 2, 3)).cast("i", (2, 2))
     strided = memoryview(i32([0, 9, 4, 9, 9, 9]))[::2]
     return [
-        ("float", (array.array("d", [0, 4, 9]), good, 1), {}, "format"),
-        ("int16", (array.array("h", [0, 4, 9]), good, 1), {}, "int32 or int64"),
-        ("unsigned", (array.array("I", [0, 4, 9]), good, 1), {}, "format"),
-        ("bytes", (b"\0\0\0\0", good, 1), {}, "format"),
-        ("2-D", (two_d, good, 1), {}, "1-D"),
-        ("strided", (good, strided, 1), {}, "contiguous"),
-        ("empty", (i32([]), i32([]), 1), {}, "empty"),
-        ("start", (i32([1, 4, 9]), good, 1), {}, "start at 0"),
-        ("decreasing", (good, i32([0, 9, 4]), 1), {}, "non-decreasing"),
-        ("length mismatch", (good, i32([0, 4]), 1), {}, "batch \\+ 1"),
-        ("int64 overflow", (i64([0, 2**31]), i64([0, 1]), 1), {}, "int32"),
-        ("int64 negative", (i64([0, -(2**40)]), i64([0, 1]), 1), {}, "non-decreasing"),
-        ("heads 0", (good, good, 0), {}, "num_heads"),
-        ("heads negative", (good, good, -2), {}, "num_heads"),
-        ("heads too big", (good, good, 2**31), {}, "num_heads"),
-        ("block_m 0", (good, good, 1), {"block_m": 0}, "block_m"),
-        ("block_n negative", (good, good, 1), {"block_n": -64}, "block_n"),
-        ("tile overflow", (i32([0, INT32_MAX]), i32([0, 1]), 2), {"block_m": 1}, "tiles"),
+        ("float", array.array("d", [0, 4, 9]), "format"),
+        ("int16", array.array("h", [0, 4, 9]), "int32 or int64"),
+        ("unsigned", array.array("I", [0, 4, 9]), "format"),
+        ("bytes", b"\0\0\0\0", "format"),
+        ("2-D", two_d, "1-D"),
+        ("strided", strided, "contiguous"),
     ]
 
 
-@pytest.mark.parametrize("name, args, kwargs, match", _bad_varlen_cases(), ids=lambda v: v if isinstance(v, str) else "")
-def test_varlen_bad_input_raises_value_error(name, args, kwargs, match):
+@pytest.mark.parametrize("name, buf, match", _bad_buffers(), ids=lambda v: v if isinstance(v, str) else "")
+def test_bad_buffers_raise_value_error(name, buf, match):
     with pytest.raises(ValueError, match=match):
-        sched.varlen_tiles(*args, **kwargs)
+        sched.split_kv_plan(buf, 1, 80)
 
 
 def test_error_messages_say_how_to_fix():
     with pytest.raises(ValueError) as e:
-        sched.varlen_tiles(array.array("d", [0.0, 1.0]), i32([0, 1]), 1)
+        sched.split_kv_plan(array.array("d", [0.0, 1.0]), 1, 80)
     msg = str(e.value)
-    assert "cu_seqlens_q" in msg and "'d'" in msg and "'i'" in msg and "array.array" in msg
+    assert "seqlens_k" in msg and "'d'" in msg and "'i'" in msg and "array.array" in msg
     with pytest.raises(ValueError) as e:
-        sched.varlen_tiles(i32([0, 5, 3]), i32([0, 5, 9]), 1)
-    assert "cu_seqlens_q[2]=3" in str(e.value)
+        sched.split_kv_plan(i32([5, 3, -1]), 1, 80)
+    assert "seqlens_k[2]=-1" in str(e.value)
 
 
 def test_non_buffer_raises_type_error():
-    with pytest.raises(TypeError, match="buffer protocol"):
-        sched.varlen_tiles([0, 4], i32([0, 4]), 1)
     with pytest.raises(TypeError, match="buffer protocol"):
         sched.split_kv_plan([4, 4], 1, 80)
 
@@ -509,19 +334,17 @@ def test_split_bad_input_raises_value_error(args, kwargs, match):
 
 
 # --------------------------------------------------------------------------------------
-# threads (the planners run without the GIL) and a large batch
+# threads (the planner runs without the GIL) and a large batch
 
 
 def test_concurrent_planning_is_deterministic():
-    lens_q = [(i * 37) % 900 + 1 for i in range(200)]
-    lens_k = [n + (i * 11) % 300 for i, n in enumerate(lens_q)]
-    cu_q, cu_k = i32(cumsum(lens_q)), i32(cumsum(lens_k))
-    expected = bytes(memoryview(sched.varlen_tiles(cu_q, cu_k, 16, causal=True)))
+    lens = [(i * 37) % 9000 + 1 for i in range(200)]
+    expected = bytes(memoryview(sched.split_kv_plan(i32(lens), 1, 132, 16).partitions))
     results = []
 
     def work():
         for _ in range(5):
-            results.append(bytes(memoryview(sched.varlen_tiles(cu_q, cu_k, 16, causal=True))))
+            results.append(bytes(memoryview(sched.split_kv_plan(i32(lens), 1, 132, 16).partitions)))
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for th in threads:
@@ -533,10 +356,8 @@ def test_concurrent_planning_is_deterministic():
 
 def test_large_batch():
     lens = [(i * 7919) % 16384 + 1 for i in range(2000)]
-    t = sched.varlen_tiles(i32(cumsum(lens)), i32(cumsum(lens)), 32, causal=True)
-    assert len(t) == 32 * sum(ceil_div(n, 128) for n in lens)
-    costs = memoryview(t).cast("B").cast("i").tolist()[3::4]
-    assert costs == sorted(costs, reverse=True)
+    plan = sched.split_kv_plan(i32(lens), 1, 132, block_n=16)
+    check_split_plan(plan, lens, 1, 132, 16, 128)
     plan = sched.split_kv_plan(i32([1 << 30, 5, 1 << 20]), 1, 132, block_n=16, max_splits=1 << 20)
     check = memoryview(plan.num_splits).tolist()
     assert check[0] >= check[2] >= check[1] >= 1

@@ -91,6 +91,17 @@ def test_recipe_agrees_with_targets(rendered, variant_set):
     assert (pick.variant, base + pick.build_number) == ("all", fallback["build"]["number"])
 
 
+def test_torch_floor_is_the_recipes(rendered):
+    """targets.json torch.min (CMake's TORCH_TARGET_VERSION, the audit, the runtime's
+    messages) is the floor every recipe output asks torch for."""
+    floor = _targets.torch_min()
+    assert yaml.safe_load(RECIPE.read_text())["context"]["torch_min"] == floor
+    specs = [str(spec) for d, _ in rendered["default"]
+             for key in ("host", "run", "run_constraints") for spec in d["requirements"].get(key, [])
+             if re.match(r"(py|lib)torch\b", str(spec))]
+    assert specs and set(specs) <= {f"pytorch >={floor}", f"libtorch >={floor}"}, specs
+
+
 def test_targets_are_consistent():
     t = _targets.load()
     archs = _targets.archs()
@@ -126,6 +137,7 @@ _RESTATED = [
     (re.compile(r"32,\s*64,\s*96,\s*128,\s*256"), "the FA2 head-dim list"),
     (re.compile(r"""__version__\s*=\s*["']\d+\.\d+"""), "the version"),
     (re.compile(r"""version\s*=\s*["']\d+\.\d+\.\d+["']"""), "the version"),
+    (re.compile(r"torch >=\s*2\.\d|TORCH_TARGET_VERSION=0x"), "the torch floor"),
 ]
 
 

@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import threading
 
+from .. import _targets
+
 try:
     import torch
 except ImportError as exc:
     raise ImportError(
-        "sm7x.fa2 needs PyTorch >= 2.10, which is not installed in this environment: "
-        "conda install pytorch (or: pixi add pytorch)"
+        f"sm7x.fa2 needs PyTorch >= {_targets.torch_min()}, which is not installed in this "
+        "environment: conda install pytorch (or: pixi add pytorch)"
     ) from exc
 
 from .. import _args, _select, _targets

@@ -30,9 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--require", choices=("stable", "no-torch", "any"), default="any",
                     help="stable: every torch-using file must be STABLE; no-torch: no file "
                          "may use torch; any (default): report only")
-    ap.add_argument("--torch-target", metavar="X.Y",
+    ap.add_argument("--torch-target", metavar="X.Y|floor",
                     help="fail a file that needs shims newer than torch X.Y (or shims of "
-                         "unknown version), e.g. 2.10 for TORCH_TARGET_VERSION 2.10")
+                         "unknown version), e.g. 2.10 for TORCH_TARGET_VERSION 2.10; "
+                         "floor: sm7x's torch floor (targets.json torch.min)")
     ap.add_argument("--python-min", metavar="X.Y", default="3.10",
                     help="the oldest Python an .abi3.so must run on (default 3.10)")
     ap.add_argument("--no-abi3audit", action="store_true",
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         print("sm7x_tools.audit needs pyelftools: pip install pyelftools (conda: pyelftools)",
               file=sys.stderr)
         return 2
+    if args.torch_target == "floor":
+        from sm7x import _targets
+
+        args.torch_target = _targets.torch_min()
     for opt in ("torch_target", "python_min"):
         val = getattr(args, opt)
         if val is not None:
