@@ -137,7 +137,7 @@ _RESTATED = [
     (re.compile(r"32,\s*64,\s*96,\s*128,\s*256"), "the FA2 head-dim list"),
     (re.compile(r"""__version__\s*=\s*["']\d+\.\d+"""), "the version"),
     (re.compile(r"""version\s*=\s*["']\d+\.\d+\.\d+["']"""), "the version"),
-    (re.compile(r"torch >=\s*2\.\d|TORCH_TARGET_VERSION=0x"), "the torch floor"),
+    (re.compile(r"(?:pytorch|libtorch|PyTorch) >=\s*2\.\d|TORCH_TARGET_VERSION=0x"), "the torch floor"),
 ]
 
 
