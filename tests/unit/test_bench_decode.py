@@ -297,7 +297,7 @@ def fake_api(monkeypatch):
     monkeypatch.setattr(fa2, "flash_attn_varlen_func", varlen)
     monkeypatch.setattr(fa2, "flash_attn_with_kvcache", kvcache, raising=False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(D, "_time", lambda fn, iters, repeats, graph: core._time(
+    monkeypatch.setattr(D.runs, "_time", lambda fn, iters, repeats, graph: core._time(
         fn, iters, repeats, graph, dev="cpu"))
     return calls
 
@@ -367,10 +367,10 @@ def test_prefill_row_on_cpu(fake_api, monkeypatch, shape):
     # No memory-efficient kernel on CPU: run the explicit-mask baseline on the math one.
     from torch.nn.attention import SDPBackend
 
-    monkeypatch.setattr(D, "_backend", lambda name: SDPBackend.MATH if name == "sdpa_efficient"
-                        else SDPBackend.FLASH_ATTENTION)
-    monkeypatch.setattr(D, "PREFILL_NEW", 32)
-    monkeypatch.setattr(D, "PREFILL_PREFIX", 96)
+    monkeypatch.setattr(D.runs, "_backend", lambda name: SDPBackend.MATH
+                        if name == "sdpa_efficient" else SDPBackend.FLASH_ATTENTION)
+    monkeypatch.setattr(D.runs, "PREFILL_NEW", 32)
+    monkeypatch.setattr(D.runs, "PREFILL_PREFIX", 96)
     baselines = {"sdpa_efficient": {"gqa": "expanded"}, "sdpa_efficient_lr": {"gqa": None},
                  "sdpa_flash_lr": lr}
     gen = torch.Generator().manual_seed(5)
