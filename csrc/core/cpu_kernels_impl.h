@@ -132,15 +132,12 @@ void rotary_impl(const RotaryArgs& a, ParallelRunner run) {
 }
 
 // One head's row of n values as fp8 codes of value / scale.
-template <fp8::Format F, typename S>
-void quantize_row(uint8_t* dst, const S* src, int64_t n, float scale) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = fp8::encode<F>(load(src + i) / scale);
-}
-
-template <fp8::Format F, typename S, typename P>
-void reshape_and_cache_fp8_impl(const ReshapeAndCacheArgs& a, ParallelRunner run) {
+// One cache row per (token, kv head) of every token with a slot (a negative slot is a
+// padding token): store(dst, src, n, scale) writes n values of a key or value row into
+// the cache row, whose elements are C (S itself, or uint8_t codes of an 8-bit cache).
+template <typename C, typename S, typename P, typename Store>
+void scatter_rows(const ReshapeAndCacheArgs& a, ParallelRunner run, float ks, float vs, Store store) {
   const P* slots = static_cast<const P*>(a.slot_mapping);
-  const float ks = *a.k_scale, vs = *a.v_scale;
   const int64_t work = a.kv_heads * (a.head_size + a.v_head_size);
   parallel(run, a.tokens, row_grain(work), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
@@ -148,35 +145,29 @@ void reshape_and_cache_fp8_impl(const ReshapeAndCacheArgs& a, ParallelRunner run
       if (slot < 0) continue;  // padding token
       const int64_t blk = slot / a.block_size, off = slot % a.block_size;
       for (int64_t h = 0; h < a.kv_heads; ++h) {
-        quantize_row<F>(static_cast<uint8_t*>(a.key_cache) + blk * a.kc_b + off * a.kc_o + h * a.kc_h,
-                        static_cast<const S*>(a.key) + t * a.k_t + h * a.k_h, a.head_size, ks);
-        quantize_row<F>(static_cast<uint8_t*>(a.value_cache) + blk * a.vc_b + off * a.vc_o + h * a.vc_h,
-                        static_cast<const S*>(a.value) + t * a.v_t + h * a.v_h, a.v_head_size, vs);
+        store(static_cast<C*>(a.key_cache) + blk * a.kc_b + off * a.kc_o + h * a.kc_h,
+              static_cast<const S*>(a.key) + t * a.k_t + h * a.k_h, a.head_size, ks);
+        store(static_cast<C*>(a.value_cache) + blk * a.vc_b + off * a.vc_o + h * a.vc_h,
+              static_cast<const S*>(a.value) + t * a.v_t + h * a.v_h, a.v_head_size, vs);
       }
     }
   });
+}
+
+template <fp8::Format F, typename S, typename P>
+void reshape_and_cache_fp8_impl(const ReshapeAndCacheArgs& a, ParallelRunner run) {
+  scatter_rows<uint8_t, S, P>(a, run, *a.k_scale, *a.v_scale,
+                              [](uint8_t* dst, const S* src, int64_t n, float scale) {
+                                for (int64_t i = 0; i < n; ++i) dst[i] = fp8::encode<F>(load(src + i) / scale);
+                              });
 }
 
 template <typename S, typename P>
 void reshape_and_cache_impl(const ReshapeAndCacheArgs& a, ParallelRunner run) {
   if (a.cache == KvCache::Fp8E4M3) return reshape_and_cache_fp8_impl<fp8::Format::E4M3, S, P>(a, run);
   if (a.cache == KvCache::Fp8E5M2) return reshape_and_cache_fp8_impl<fp8::Format::E5M2, S, P>(a, run);
-  const P* slots = static_cast<const P*>(a.slot_mapping);
-  const int64_t work = a.kv_heads * (a.head_size + a.v_head_size);
-  parallel(run, a.tokens, row_grain(work), [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t slot = static_cast<int64_t>(slots[t]);
-      if (slot < 0) continue;  // padding token
-      const int64_t blk = slot / a.block_size, off = slot % a.block_size;
-      for (int64_t h = 0; h < a.kv_heads; ++h) {
-        std::memcpy(static_cast<S*>(a.key_cache) + blk * a.kc_b + off * a.kc_o + h * a.kc_h,
-                    static_cast<const S*>(a.key) + t * a.k_t + h * a.k_h,
-                    sizeof(S) * a.head_size);
-        std::memcpy(static_cast<S*>(a.value_cache) + blk * a.vc_b + off * a.vc_o + h * a.vc_h,
-                    static_cast<const S*>(a.value) + t * a.v_t + h * a.v_h,
-                    sizeof(S) * a.v_head_size);
-      }
-    }
+  scatter_rows<S, S, P>(a, run, 1.f, 1.f, [](S* dst, const S* src, int64_t n, float) {
+    std::memcpy(dst, src, sizeof(S) * n);
   });
 }
 
