@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -102,6 +103,39 @@ def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files:
                                                   f"and no result; its log: {logfile}")
 
 
+def package_cache() -> Path:
+    """rattler's package cache (RATTLER_CACHE_DIR, which venv.sh sets; else rattler's default)."""
+    root = os.environ.get("RATTLER_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rattler" / "cache"
+    return Path(root) / "pkgs"
+
+
+def evict_cached(packages: set[tuple[str, str]], cache: Path | None = None) -> list[str]:
+    """Remove the extracted copies of (name, version) from rattler's package cache.
+
+    The cache keys an extracted package by its file name. A rebuilt package keeps its name
+    (the hash is of the variant, not of the content), and rattler then installed the stale
+    copy into the build's own test environment: a test of sm7x-ext ran the previous build's
+    module. Evicted before each build, so its tests (and later installs) read what it made.
+    """
+    cache = package_cache() if cache is None else cache
+    removed = []
+    if not cache.is_dir():
+        return removed
+    for name, version in packages:
+        prefix = f"{name}-{version}-"
+        for entry in cache.iterdir():
+            # name-version-build[.lock]: a build string has no '-', so another package whose
+            # name only starts like this one (sm7x-fa2 vs sm7x-fa2-sm75) never matches
+            rest = entry.name[len(prefix):] if entry.name.startswith(prefix) else ""
+            if rest and "-" not in rest:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+                removed.append(entry.name)
+    return sorted(removed)
+
+
 def build_here(recipe: Path, *, output_dir: Path, channels: list[str], variant_files: list[Path],
                logfile: Path, test: bool = True, outputs: list[str] | None = None,
                variant: dict[str, str] | None = None) -> list:
@@ -118,6 +152,7 @@ def build_here(recipe: Path, *, output_dir: Path, channels: list[str], variant_f
               and all(str(v.variant.get(k)) == str(x) for k, x in (variant or {}).items())]
     if not chosen:
         raise BuildFailed(f"no variant of {recipe} is one of the outputs {outputs} with {variant}")
+    evict_cached({(v.recipe.package.name, str(v.recipe.package.version)) for v in chosen})
     start = time.monotonic()
     with console.status(f"[bold]building {recipe.parent.name}") as status:
         progress = _Progress(logfile, status)
