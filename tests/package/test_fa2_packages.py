@@ -220,7 +220,7 @@ def bwd_kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> 
     problems = []
     for e in fa2.get("bwd_kernels", {}).get(arch, []):
         d = e["head_dim"]
-        allowed = e.get("stack_bytes", 0)  # measured with it (csrc/fa2/README.md)
+        allowed = e.get("stack_bytes", 0)  # measured with it (csrc/fa2/MEASUREMENTS.md)
         passes = [("bwd dKdQ" if e.get("split") else "bwd", e["block_n"], e["block_m"],
                    e["smem_bytes"], allowed),
                   ("bwd dQ", e["dq_block_m"], e["dq_block_n"], e["dq_smem_bytes"], 0)]

@@ -2,7 +2,7 @@
 // aligned as flash-attn >= 2.1: key col is visible to query row when col < sk and
 // row + off - left <= col <= row + off + right (off = sk - sq; a bound of -1 is unbounded).
 //
-// Written so that sharing them costs nothing (csrc/fa2/README.md has the SASS counts):
+// Written so that sharing them costs nothing (csrc/fa2/MEASUREMENTS.md has the SASS counts):
 // - key_visible takes the window bounds as values the caller read once per tile. Reading
 //   p.window_* inside the && chain made those loads conditional, so the chain stayed as
 //   branches instead of predicated selects: 269 BRA instead of 109 at sm75 d=64. The
