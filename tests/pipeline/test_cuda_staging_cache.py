@@ -127,7 +127,8 @@ def test_an_interrupted_entry_is_never_read(tmp_path):
 
 
 def test_outside_rattler_builds_layout_every_run_compiles(tmp_path):
-    """conda-build, or a script run by hand: no output directory is recognized, nothing is kept."""
+    """A script run by hand, or any layout without rattler-build's output directory (conda-build
+    also has it, under --output-folder): nothing is recognized, nothing is kept."""
     out = _output_dir(tmp_path)
     (out / ".condapackageignore").unlink()
     _run(tmp_path, out / "bld" / "rattler-build_a_1")
