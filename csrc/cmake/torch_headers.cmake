@@ -1,7 +1,8 @@
 # sm7x_find_torch_headers(<out-var>): torch's include dir for the stable-ABI core, or ""
 # when there is none. Only headers are used (never libtorch/libc10), so any torch at or
-# above the floor (targets.json torch.min, SM7X_TORCH_MIN) works: a conda libtorch/pytorch host package (pass -DSM7X_TORCH_INCLUDE_DIR) or
-# the torch package of the Python interpreter (found without importing torch).
+# above the floor (targets.json torch.min, SM7X_TORCH_MIN) works: a conda libtorch/pytorch
+# host package (pass -DSM7X_TORCH_INCLUDE_DIR) or the torch package of the Python
+# interpreter (found without importing torch).
 function(sm7x_find_torch_headers out)
   set(${out} "" PARENT_SCOPE)
   set(inc "")

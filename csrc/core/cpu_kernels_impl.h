@@ -131,7 +131,6 @@ void rotary_impl(const RotaryArgs& a, ParallelRunner run) {
   });
 }
 
-// One head's row of n values as fp8 codes of value / scale.
 // One cache row per (token, kv head) of every token with a slot (a negative slot is a
 // padding token): store(dst, src, n, scale) writes n values of a key or value row into
 // the cache row, whose elements are C (S itself, or uint8_t codes of an 8-bit cache).
@@ -156,10 +155,10 @@ void scatter_rows(const ReshapeAndCacheArgs& a, ParallelRunner run, float ks, fl
 
 template <fp8::Format F, typename S, typename P>
 void reshape_and_cache_fp8_impl(const ReshapeAndCacheArgs& a, ParallelRunner run) {
-  scatter_rows<uint8_t, S, P>(a, run, *a.k_scale, *a.v_scale,
-                              [](uint8_t* dst, const S* src, int64_t n, float scale) {
-                                for (int64_t i = 0; i < n; ++i) dst[i] = fp8::encode<F>(load(src + i) / scale);
-                              });
+  // each value as the fp8 code of value / scale
+  scatter_rows<uint8_t, S, P>(a, run, *a.k_scale, *a.v_scale, [](uint8_t* dst, const S* src, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp8::encode<F>(load(src + i) / scale);
+  });
 }
 
 template <typename S, typename P>

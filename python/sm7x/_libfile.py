@@ -92,6 +92,6 @@ def load_failure(exc: OSError, torch_version: str) -> str:
     missing (torch older than the floor, targets.json torch.min), or the loader's own words."""
     why = str(exc)
     if "undefined symbol" in why and "torch" in why:
-        return (f"{why}. The library needs torch >= {_targets.torch_min()} (it uses torch's stable ABI; this "
-                f"torch is {torch_version}): upgrade torch")
+        return (f"{why}. The library needs torch >= {_targets.torch_min()} (it uses torch's "
+                f"stable ABI; this torch is {torch_version}): upgrade torch")
     return why

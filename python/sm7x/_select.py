@@ -270,6 +270,14 @@ def _parse_cuda_arch(value: str) -> tuple[int, int]:
     return major, minor
 
 
+def arch_override_dropped(devices: Iterable[Device], environ=None) -> bool:
+    """Whether a non-empty CONDA_OVERRIDE_CUDA_ARCH is ignored by the clients: on a node
+    without a GPU (no driver) __cuda_arch needs __cuda, so CONDA_OVERRIDE_CUDA too."""
+    environ = os.environ if environ is None else environ
+    return (bool(environ.get(CUDA_ARCH_OVERRIDE_ENV, "").strip()) and not list(devices)
+            and CUDA_OVERRIDE_ENV not in environ)
+
+
 def node_cuda_arch(devices: Iterable[Device], environ=None) -> tuple[str | None, str]:
     """(__cuda_arch as a solver would see it, where it came from).
 
@@ -283,9 +291,8 @@ def node_cuda_arch(devices: Iterable[Device], environ=None) -> tuple[str | None,
         if not value:
             return None, f"{CUDA_ARCH_OVERRIDE_ENV} is set and empty"
         _parse_cuda_arch(value)
-        if not devices and CUDA_OVERRIDE_ENV not in environ:
-            # Checked with pixi and with conda 26.7.1 + nvidia-virtual-packages 0.2.0: without
-            # a driver, __cuda_arch needs __cuda, so the arch override alone gives none.
+        if arch_override_dropped(devices, environ):
+            # run with conda 26.7.1 + nvidia-virtual-packages 0.2.0, which warns so
             return None, (f"{CUDA_ARCH_OVERRIDE_ENV}={value} without {CUDA_OVERRIDE_ENV} on a "
                           f"node without a GPU driver: clients then report no __cuda_arch")
         return value, f"{CUDA_ARCH_OVERRIDE_ENV}={value}"

@@ -28,6 +28,7 @@ from ._select import (
     ARCHS,
     CUDA_ARCH_OVERRIDE_ENV,
     CUDA_OVERRIDE_ENV,
+    arch_override_dropped,
     covering_archs,
     node_cuda_arch,
     package_name,
@@ -302,8 +303,7 @@ def _solver_report(devices: list[Device], packages: dict, warnings: list[str],
     except ValueError as exc:
         warnings.append(f"{CUDA_ARCH_OVERRIDE_ENV}: {exc}")
         return {"error": str(exc)}
-    if (not devices and os.environ.get(CUDA_ARCH_OVERRIDE_ENV, "").strip()
-            and CUDA_OVERRIDE_ENV not in os.environ):
+    if arch_override_dropped(devices):
         warnings.append(f"{CUDA_ARCH_OVERRIDE_ENV} is set but {CUDA_OVERRIDE_ENV} is not: on a "
                         f"node without a GPU driver pixi, rattler-based tools and conda's "
                         f"{CUDA_ARCH_PLUGIN} plugin then see no __cuda_arch at all and install "

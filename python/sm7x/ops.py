@@ -40,7 +40,7 @@ from . import _targets
 
 try:
     import torch
-except ImportError as exc:  # sm7x-core runs in any torch from the floor up but does not pull one in
+except ImportError as exc:  # sm7x-core runs in any torch from the floor up, pulls in none
     raise ImportError(
         f"sm7x.ops needs PyTorch >= {_targets.torch_min()}, which is not installed in this "
         "environment: conda install pytorch (or: pixi add pytorch)"

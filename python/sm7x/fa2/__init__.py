@@ -51,7 +51,7 @@ except ImportError as exc:
         "environment: conda install pytorch (or: pixi add pytorch)"
     ) from exc
 
-from .. import _args, _select, _targets
+from .. import _args, _select
 from . import _loader
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",

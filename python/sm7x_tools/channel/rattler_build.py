@@ -105,7 +105,9 @@ def build(recipe: Path, *, output_dir: Path, channels: list[str], variant_files:
 
 def package_cache() -> Path:
     """rattler's package cache (RATTLER_CACHE_DIR, which venv.sh sets; else rattler's default)."""
-    root = os.environ.get("RATTLER_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rattler" / "cache"
+    root = os.environ.get("RATTLER_CACHE_DIR")
+    if not root:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rattler" / "cache"
     return Path(root) / "pkgs"
 
 
@@ -121,18 +123,16 @@ def evict_cached(packages: set[tuple[str, str]], cache: Path | None = None) -> l
     removed = []
     if not cache.is_dir():
         return removed
-    for name, version in packages:
-        prefix = f"{name}-{version}-"
-        for entry in cache.iterdir():
-            # name-version-build[.lock]: a build string has no '-', so another package whose
-            # name only starts like this one (sm7x-fa2 vs sm7x-fa2-sm75) never matches
-            rest = entry.name[len(prefix):] if entry.name.startswith(prefix) else ""
-            if rest and "-" not in rest:
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-                removed.append(entry.name)
+    for entry in cache.iterdir():
+        # name-version-build[.lock]: neither a version nor a build string holds a '-', so
+        # a package whose name only starts alike (sm7x-fa2 vs sm7x-fa2-sm75) never matches
+        parts = entry.name.removesuffix(".lock").rsplit("-", 2)
+        if len(parts) == 3 and (parts[0], parts[1]) in packages:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+            removed.append(entry.name)
     return sorted(removed)
 
 
