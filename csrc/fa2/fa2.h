@@ -73,7 +73,21 @@ struct FwdParams {
   float* o_accum;
   float* lse_accum;
   int accum_rows;
+  // 8-bit caches (KvFormat; kv_format 0: fp16 like q). k/v then hold one-byte codes
+  // (strides and offsets above count them), which the kernels widen to fp16 in registers
+  // on their way to shared memory: never a 16-bit copy of the cache. The dequantized key
+  // of sequence b, kv head hk is code x k_descale[b * k_descale_stride[0] + hk *
+  // k_descale_stride[1]] (null: 1), likewise V; both fold into the softmax scale and 1 / l.
+  int kv_format;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t k_descale_stride[2], v_descale_stride[2];
 };
+
+// How the serving kernels read a cache (FwdParams::kv_format): fp16, or OCP FP8 codes
+// (torch.float8_e4m3fn / float8_e5m2, vLLM's fp8 / fp8_e4m3 / fp8_e5m2) with per-tensor,
+// per-kv-head or per-(sequence, kv head) descales.
+enum KvFormat : int { kKvF16 = 0, kKvE4M3 = 1, kKvE5M2 = 2 };
 
 // The backward (bwd.cu, <arch>/bwd_kernel.cuh): the forward's inputs (o = the forward's
 // output, lse its LSE) plus dO, the gradients and the fp32 work tensors.

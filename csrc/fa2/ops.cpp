@@ -502,6 +502,59 @@ void fail_serving(const char* op, const int bad[4], const FwdParams& p) {
   }
 }
 
+// The cache dtype against kv_format (fa2.h KvFormat): fp16, or one-byte codes as
+// float8_e4m3fn / float8_e5m2, or uint8 (vLLM's fp8 caches) with the format named.
+// Descales: float32 on q's device, one value or one per (sequence, kv head), broadcast:
+// shape [], [1], [kv_heads] or [batch or 1, kv_heads or 1].
+void check_kv_format(const char* op, int64_t kv_format, const Tensor& k_cache,
+                     const Tensor& v_cache, const std::optional<Tensor>& k_descale,
+                     const std::optional<Tensor>& v_descale, const Tensor& q, int64_t batch) {
+  FA2_CHECK(kv_format == kKvF16 || kv_format == kKvE4M3 || kv_format == kKvE5M2, op,
+            "kv_format must be 0 (float16), 1 (fp8 e4m3) or 2 (fp8 e5m2), got ", kv_format);
+  FA2_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), op, "k_cache has dtype ",
+            scalar_name(k_cache.scalar_type()), " but v_cache ",
+            scalar_name(v_cache.scalar_type()), "; both caches must have one dtype");
+  const ScalarType t = k_cache.scalar_type();
+  const char* names[] = {"float16", "fp8 e4m3", "fp8 e5m2"};
+  const bool ok = kv_format == kKvF16 ? t == ScalarType::Half
+                  : t == ScalarType::Byte ||
+                        t == (kv_format == kKvE4M3 ? ScalarType::Float8_e4m3fn
+                                                   : ScalarType::Float8_e5m2);
+  FA2_CHECK(ok, op, "the KV cache has dtype ", scalar_name(t), " but kv_format is ",
+            names[kv_format], "; caches are float16, float8_e4m3fn or float8_e5m2 (or uint8 "
+            "holding fp8 codes, with the format named)");
+  const int64_t kv_heads = k_cache.size(2);
+  for (auto [n, d] : {std::pair<const char*, const std::optional<Tensor>*>{"k_descale", &k_descale},
+                      {"v_descale", &v_descale}}) {
+    if (!d->has_value()) continue;
+    const Tensor& x = **d;
+    FA2_CHECK(kv_format != kKvF16, op, n, " applies to an 8-bit cache; this cache is float16");
+    check_cuda(op, n, x, q);
+    FA2_CHECK(x.scalar_type() == ScalarType::Float, op, n, " has dtype ",
+              scalar_name(x.scalar_type()), "; descales are float32 (.float())");
+    const bool shape_ok = x.dim() == 0 || (x.dim() == 1 && (x.size(0) == 1 || x.size(0) == kv_heads)) ||
+                          (x.dim() == 2 && (x.size(0) == 1 || x.size(0) == batch) &&
+                           (x.size(1) == 1 || x.size(1) == kv_heads));
+    FA2_CHECK(shape_ok, op, n, " has shape ", shape_str(x), "; it must be one value ([] or [1]), "
+              "one per kv head ([", kv_heads, "]) or one per sequence and kv head ([batch, ",
+              kv_heads, "] or [", batch, ", ", kv_heads, "])");
+  }
+}
+
+// A descale's pointer and its (sequence, kv head) strides, size-1 dims broadcast.
+void set_descale(const float*& ptr, int64_t (&stride)[2], const std::optional<Tensor>& d) {
+  ptr = nullptr;
+  stride[0] = stride[1] = 0;
+  if (!d.has_value()) return;
+  const Tensor& x = *d;
+  ptr = static_cast<const float*>(x.const_data_ptr());
+  if (x.dim() == 1 && x.size(0) > 1) stride[1] = x.stride(0);
+  if (x.dim() == 2) {
+    stride[0] = x.size(0) > 1 ? x.stride(0) : 0;
+    stride[1] = x.size(1) > 1 ? x.stride(1) : 0;
+  }
+}
+
 void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor lse,
                     std::optional<Tensor> cu_seqlens_q, std::optional<Tensor> seqused_k,
                     std::optional<Tensor> cu_seqlens_k, std::optional<Tensor> block_table,
@@ -509,7 +562,8 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
                     Tensor partitions, Tensor split_offsets, Tensor o_accum, Tensor lse_accum,
                     int64_t max_seqlen_q, int64_t seqlen_k, int64_t seqused_add,
                     double softmax_scale, bool causal, int64_t window_left,
-                    int64_t window_right, double softcap) {
+                    int64_t window_right, double softcap, int64_t kv_format,
+                    std::optional<Tensor> k_descale, std::optional<Tensor> v_descale) {
   const char* op = "fwd_serving";
   const bool varlen = cu_seqlens_q.has_value(), paged = block_table.has_value();
   const int qd = varlen ? 3 : 4;
@@ -527,10 +581,10 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
               ", got shape ", shape_str(*t));
   }
   for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k_cache", &k_cache},
-                      {"v_cache", &v_cache}, {"out", &out}}) {
+                      {"v_cache", &v_cache}, {"out", &out}})
     check_cuda(op, n, *t, q);
-    check_half(op, n, *t);
-  }
+  check_half(op, "q", q);
+  check_half(op, "out", out);
   bool same = true;
   for (int64_t d = 0; d < qd; ++d) same = same && out.size(d) == q.size(d);
   for (int64_t d = 0; d < 4; ++d) same = same && k_cache.size(d) == v_cache.size(d);
@@ -549,6 +603,7 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   const int64_t sq_max = varlen ? max_seqlen_q : q.size(1);
   FA2_CHECK(B >= 0 && sq_max >= 0, op, "cu_seqlens_q must have batch + 1 >= 1 entries and "
             "max_seqlen_q must be >= 0");
+  check_kv_format(op, kv_format, k_cache, v_cache, k_descale, v_descale, q, B);
   if (varlen) {
     check_index(op, "cu_seqlens_q", *cu_seqlens_q, q, B + 1, -1);
     check_lse(op, lse, q, 0, heads, total_q, 2, "[num_heads, total_q]");
@@ -657,6 +712,9 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   p.o_accum = split ? static_cast<float*>(o_accum.mutable_data_ptr()) : nullptr;
   p.lse_accum = split ? static_cast<float*>(lse_accum.mutable_data_ptr()) : nullptr;
   p.accum_rows = static_cast<int>(accum_rows);
+  p.kv_format = static_cast<int>(kv_format);
+  set_descale(p.k_descale, p.k_descale_stride, k_descale);
+  set_descale(p.v_descale, p.v_descale_stride, v_descale);
 
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(op, q);
@@ -729,7 +787,7 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
       "Tensor? cache_batch_idx, Tensor? cache_leftpad, Tensor partitions, Tensor split_offsets, "
       "Tensor(c!) o_accum, Tensor(d!) lse_accum, int max_seqlen_q, int seqlen_k, "
       "int seqused_add, float softmax_scale, bool causal, int window_left, int window_right, "
-      "float softcap) -> ()");
+      "float softcap, int kv_format, Tensor? k_descale, Tensor? v_descale) -> ()");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, "
       "Tensor(b!) dk, Tensor(c!) dv, Tensor(d!) dq_accum, Tensor(e!) dsum, float softmax_scale, "

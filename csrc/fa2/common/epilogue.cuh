@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/softmax.cuh"
 #include "fa2.h"
 
 namespace sm7x {
@@ -19,9 +20,8 @@ namespace detail {
 __device__ __forceinline__ float inv_row_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }
 
 // lse in natural log of the scaled scores (of the capped scores with softcap).
-__device__ __forceinline__ float row_lse(const FwdParams& p, float l, float row_max) {
-  const float scale_nat = p.softcap > 0.f ? 1.f : p.scale;
-  return l > 0.f ? row_max * scale_nat + __logf(l) : INFINITY;
+__device__ __forceinline__ float row_lse(const SoftmaxScale& sc, float l, float row_max) {
+  return l > 0.f ? row_max * sc.nat + __logf(l) : INFINITY;
 }
 
 // Element offsets of the first output row (in p.o) and of the LSE row (in p.lse) of

@@ -16,6 +16,7 @@
 
 #include "common/bounds.cuh"
 #include "common/epilogue.cuh"
+#include "common/softmax.cuh"
 #include "common/tile_io.cuh"
 #include "fa2.h"
 
@@ -111,15 +112,58 @@ __device__ __forceinline__ void fetch_pages(int (&pg)[LOADS], const FwdParams& p
   }
 }
 
-// Rows [n0, n0 + BC) of a cache tile (K or V: page_stride / row_stride are its strides)
-// into registers; rows >= n and chunks past the real head dim read as zeros. Paged: row j
-// is row j % page_size of page pg[i] (fetched for this tile); contiguous: j rows on.
-template <class C, int LOADS>
-__device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const __half* g,
+// 8-bit caches (fa2.h KvFormat). Volta and Turing have no fp8 conversion instructions
+// (cvt from e4m3x2 / e5m2x2 needs sm_89), so two codes become two fp16 in integer ops:
+// one byte permute puts each code in the high byte of its fp16 half; an E5M2 code then IS
+// that fp16 (same sign, exponent width and bias), and an E4M3 code shifted one bit right is
+// its value x 2^-8 in fp16, subnormals included (kv_scales folds the 2^8 back). E4M3's
+// NaN (magnitude 0x7F, never written: writes saturate) would read as 480: it is made an
+// fp16 NaN, so that a NaN in the cache still reaches the output as it would in fp16.
+__device__ __forceinline__ uint32_t fp8x2_to_half2(uint32_t codes, int shift, int sel) {
+  const uint32_t w = __byte_perm(codes, 0u, sel);  // [0, c_lo, 0, c_hi]
+  const uint32_t mag = w & 0x7F007F00u;
+  const uint32_t nan = (mag + 0x01000100u) & 0x80008000u;  // magnitude 0x7F
+  return (w & 0x80008000u) | (mag >> shift) | (nan - (nan >> 5));
+}
+
+// 8 codes (one 8-byte chunk of a row) -> 8 fp16 (one 16-byte chunk of the shared tile).
+__device__ __forceinline__ uint4 widen_fp8x8(uint2 c, int shift) {
+  return make_uint4(fp8x2_to_half2(c.x, shift, 0x1404), fp8x2_to_half2(c.x, shift, 0x3424),
+                    fp8x2_to_half2(c.y, shift, 0x1404), fp8x2_to_half2(c.y, shift, 0x3424));
+}
+
+// The factors the scores and the output still need for the cache as stored: the
+// descales (per tensor, kv head or (sequence, kv head)), and 2^8 for E4M3 codes (read as
+// value x 2^-8). 1 for fp16 caches and in prefill.
+struct KvScales {
+  float k, v;
+};
+
+template <bool SERVING>
+__device__ __forceinline__ KvScales kv_scales(const FwdParams& p, const ServingWork& w, int hk) {
+  if constexpr (SERVING) {
+    if (p.kv_format != kKvF16) {
+      const float code = p.kv_format == kKvE4M3 ? 256.f : 1.f;
+      const float k = p.k_descale == nullptr ? 1.f
+                      : __ldg(p.k_descale + w.b * p.k_descale_stride[0] + hk * p.k_descale_stride[1]);
+      const float v = p.v_descale == nullptr ? 1.f
+                      : __ldg(p.v_descale + w.b * p.v_descale_stride[0] + hk * p.v_descale_stride[1]);
+      return {code * k, code * v};
+    }
+  }
+  return {1.f, 1.f};
+}
+
+// Rows [n0, n0 + BC) of a cache tile (K or V: page_stride / row_stride are its strides,
+// in elements: bytes for an 8-bit cache) into registers as fp16; rows >= n and chunks past
+// the real head dim read as zeros. Paged: row j is row j % page_size of page pg[i]
+// (fetched for this tile); contiguous: j rows on. g: the kv head's first element.
+template <class C, bool KV8, int LOADS>
+__device__ __forceinline__ void load_cache_rows(uint4 (&r)[LOADS], const unsigned char* g,
                                                 const int (&pg)[LOADS], bool paged,
                                                 int page_shift, int64_t page_stride,
                                                 int64_t row_stride, int n0, int n,
-                                                int head_dim, int tid) {
+                                                int head_dim, int tid, int shift) {
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
     int row, c;
@@ -127,13 +171,30 @@ __device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const __half*
     const int j = n0 + row;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (in_tile<C, C::kBlockN>(i, tid) && j < n && c * 8 < head_dim) {
-      const int64_t off = paged ? (int64_t)pg[i] * page_stride +
-                                      (int64_t)(j & ((1 << page_shift) - 1)) * row_stride
-                                : (int64_t)j * row_stride;
-      v = __ldg(reinterpret_cast<const uint4*>(g + off + c * 8));
+      const int64_t off = (paged ? (int64_t)pg[i] * page_stride +
+                                       (int64_t)(j & ((1 << page_shift) - 1)) * row_stride
+                                 : (int64_t)j * row_stride) + c * 8;
+      if constexpr (KV8)
+        v = widen_fp8x8(__ldg(reinterpret_cast<const uint2*>(g + off)), shift);
+      else
+        v = __ldg(reinterpret_cast<const uint4*>(g + 2 * off));
     }
     r[i] = v;
   }
+}
+
+// The format is the same for the whole launch: one branch per tile, not per load.
+template <class C, int LOADS>
+__device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const unsigned char* g,
+                                                const int (&pg)[LOADS], const FwdParams& p,
+                                                bool paged, int64_t page_stride,
+                                                int64_t row_stride, int n0, int n, int tid) {
+  if (p.kv_format == kKvF16)
+    load_cache_rows<C, false>(r, g, pg, paged, p.page_shift, page_stride, row_stride, n0, n,
+                              p.head_dim, tid, 0);
+  else
+    load_cache_rows<C, true>(r, g, pg, paged, p.page_shift, page_stride, row_stride, n0, n,
+                             p.head_dim, tid, p.kv_format == kKvE4M3 ? 1 : 0);
 }
 
 // Row-offset functors for load_tile_rows (Q) / store_o_rows_at (O).
@@ -205,9 +266,8 @@ __device__ __forceinline__ int64_t accum_row(const FwdParams& p, int z, int hk, 
 
 // A split's LSE: -inf for a row that saw no key in this partition, so that the combine
 // gives it weight 0.
-__device__ __forceinline__ float partial_lse(const FwdParams& p, float l, float row_max) {
-  const float scale_nat = p.softcap > 0.f ? 1.f : p.scale;
-  return l > 0.f ? row_max * scale_nat + __logf(l) : -INFINITY;
+__device__ __forceinline__ float partial_lse(const SoftmaxScale& sc, float l, float row_max) {
+  return l > 0.f ? row_max * sc.nat + __logf(l) : -INFINITY;
 }
 
 
@@ -216,7 +276,8 @@ __device__ __forceinline__ float partial_lse(const FwdParams& p, float l, float 
 // tiles, and the first/last query position the masks see (serving: tokens). False when the
 // CTA's m-block starts past the rows (nothing to do).
 struct CtaWork {
-  const __half *qg, *kg, *vg;
+  const __half *qg, *kg, *vg;       // prefill: the sequence's Q, K, V
+  const unsigned char *kc, *vc;     // serving: the cache's kv head (any KvFormat)
   int sq, sk, off, t_lo, t_hi, first_row, last_row;
   ServingWork w;  // serving only
 };
@@ -228,8 +289,9 @@ __device__ __forceinline__ bool cta_work(const FwdParams& p, int b, int h, int m
     c.sq = c.w.rows;
     if (m0 >= c.sq) return false;
     c.qg = static_cast<const __half*>(p.q) + c.w.q_off;
-    c.kg = static_cast<const __half*>(p.k) + c.w.k_off;
-    c.vg = static_cast<const __half*>(p.v) + c.w.v_off;
+    const int elem_shift = p.kv_format == kKvF16 ? 1 : 0;  // log2 of a cache element's bytes
+    c.kc = static_cast<const unsigned char*>(p.k) + (c.w.k_off << elem_shift);
+    c.vc = static_cast<const unsigned char*>(p.v) + (c.w.v_off << elem_shift);
     c.sk = c.w.kv_hi;
     c.off = c.w.sk - c.w.sq;
     c.first_row = m0 / p.group;
@@ -266,19 +328,18 @@ __device__ __forceinline__ void load_q(uint4 (&r)[C::kQLoads], const FwdParams& 
     load_tile<C, C::kBlockM>(r, c.qg, p.q_row_stride, m0, c.sq, p.head_dim, tid);
 }
 
-// A K or V tile (g, batch_stride, row_stride: its base and strides) -> registers.
-// Serving: from the cache, pg holding the pages of this tile's rows (fetch_pages, one tile
-// ahead); prefill: rows n0 .. of the sequence.
-template <class C, bool SERVING, int LOADS, int PAGES>
-__device__ __forceinline__ void load_kv(uint4 (&r)[LOADS], const __half* g, const int (&pg)[PAGES],
-                                        const FwdParams& p, const CtaWork& c,
-                                        int64_t batch_stride, int64_t row_stride, int n0,
-                                        int tid) {
+// The K (V = false) or V tile of keys n0 .. -> registers (fp16). Serving: from the cache,
+// pg holding the pages of this tile's rows (fetch_pages, one tile ahead); prefill: rows of
+// the sequence.
+template <class C, bool SERVING, bool V, int LOADS, int PAGES>
+__device__ __forceinline__ void load_kv(uint4 (&r)[LOADS], const int (&pg)[PAGES],
+                                        const FwdParams& p, const CtaWork& c, int n0, int tid) {
+  const int64_t row_stride = V ? p.v_row_stride : p.k_row_stride;
   if constexpr (SERVING)
-    load_cache_tile<C>(r, g, pg, c.w.pages != nullptr, p.page_shift, batch_stride, row_stride,
-                       n0, c.sk, p.head_dim, tid);
+    load_cache_tile<C>(r, V ? c.vc : c.kc, pg, p, c.w.pages != nullptr,
+                       V ? p.v_batch_stride : p.k_batch_stride, row_stride, n0, c.sk, tid);
   else
-    load_tile<C, C::kBlockN>(r, g, row_stride, n0, c.sk, p.head_dim, tid);
+    load_tile<C, C::kBlockN>(r, V ? c.vg : c.kg, row_stride, n0, c.sk, p.head_dim, tid);
 }
 
 }  // namespace detail

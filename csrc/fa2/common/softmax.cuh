@@ -18,14 +18,18 @@ namespace fa2 {
 namespace detail {
 
 // sl2: the factor of the exponent in base 2 (log2(e) * scale; log2(e) alone with
-// softcap, whose tanh already took the scale); cap_in: scale / softcap (0 without).
+// softcap, whose tanh already took the scale); cap_in: scale / softcap (0 without); nat:
+// the factor of a row max in the natural-log LSE (scale; 1 with softcap).
 struct SoftmaxScale {
-  float sl2, cap_in;
+  float sl2, cap_in, nat;
 };
 
-__device__ __forceinline__ SoftmaxScale softmax_scale(const FwdParams& p) {
-  return {p.softcap > 0.f ? 1.4426950408889634f : p.scale * 1.4426950408889634f,
-          p.softcap > 0.f ? p.scale / p.softcap : 0.f};
+// key_factor: what the scores computed from the keys as stored still need (an 8-bit
+// cache's descale, common/serving.cuh kv_scales); 1 for fp16 keys.
+__device__ __forceinline__ SoftmaxScale softmax_scale(const FwdParams& p, float key_factor = 1.f) {
+  const float scale = p.scale * key_factor;
+  return {p.softcap > 0.f ? 1.4426950408889634f : scale * 1.4426950408889634f,
+          p.softcap > 0.f ? scale / p.softcap : 0.f, p.softcap > 0.f ? 1.f : scale};
 }
 
 // s = softcap * tanh(s * scale / softcap) on every score of a thread, when softcap is on.

@@ -112,7 +112,9 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   const int sq = cw.sq, sk = cw.sk, off = cw.off, t_lo = cw.t_lo, t_hi = cw.t_hi;
   const int first_row = cw.first_row, last_row = cw.last_row;
   [[maybe_unused]] const ServingWork& w = cw.w;
-  const SoftmaxScale sc = softmax_scale(p);
+  // 8-bit cache: the descales (and E4M3's 2^8) fold into the softmax scale and 1 / l
+  const KvScales kvs = kv_scales<SERVING>(p, w, h);
+  const SoftmaxScale sc = softmax_scale(p, kvs.k);
   const bool warp_on = !SERVING || m0 + warp * WR < sq;
 
   // The row (0..15 of an m16 slice) of each accumulator slot of this lane, 4 bits per slot
@@ -140,10 +142,10 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     if constexpr (SERVING) fetch_pages<C>(pg, p, w.pages, n0, sk, tid);
   };
   auto load_k = [&](uint4(&r)[C::kTileLoads], int n0) {
-    load_kv<C, SERVING>(r, cw.kg, pg, p, cw, p.k_batch_stride, p.k_row_stride, n0, tid);
+    load_kv<C, SERVING, false>(r, pg, p, cw, n0, tid);
   };
   auto load_v = [&](uint4(&r)[C::kTileLoads], int n0) {
-    load_kv<C, SERVING>(r, cw.vg, pg, p, cw, p.v_batch_stride, p.v_row_stride, n0, tid);
+    load_kv<C, SERVING, true>(r, pg, p, cw, n0, tid);
   };
 
   {
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 #pragma unroll
   for (int ms = 0; ms < MS; ++ms) {
     l[ms] = row_allreduce_sum<2>(row_sum[ms]);
-    const float inv = inv_row_sum(l[ms]);
+    const float inv = inv_row_sum(l[ms]) * kvs.v;
     float inv_slot[NS];
 #pragma unroll
     for (int i = 0; i < NS; ++i) inv_slot[i] = row_value(inv, i);
@@ -359,7 +361,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         const int row = row0 + ms * 16;
         if (!warp_on) continue;
         const int64_t a = row < sq ? accum_row(p, b, h, row) : 0;
-        if (half == 0 && row < sq) p.lse_accum[a] = partial_lse(p, l[ms], row_max[ms]);
+        if (half == 0 && row < sq) p.lse_accum[a] = partial_lse(sc, l[ms], row_max[ms]);
 #pragma unroll
         for (int dn = 0; dn < D / 16; ++dn) {
           float v[8];
@@ -380,14 +382,14 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       const int row = row0 + ms * 16;
       if (half == 0 && row < sq)
         p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
-            row_lse(p, l[ms], row_max[ms]);
+            row_lse(sc, l[ms], row_max[ms]);
     }
   } else {
     out_offsets(p, b, h, o_off, lse_off);
 #pragma unroll
     for (int ms = 0; ms < MS; ++ms) {
       const int row = row0 + ms * 16;
-      if (half == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l[ms], row_max[ms]);
+      if (half == 0 && row < sq) p.lse[lse_off + row] = row_lse(sc, l[ms], row_max[ms]);
     }
   }
 #pragma unroll

@@ -98,7 +98,9 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   const int sq = cw.sq, sk = cw.sk, off = cw.off, t_lo = cw.t_lo, t_hi = cw.t_hi;
   const int first_row = cw.first_row, last_row = cw.last_row;
   [[maybe_unused]] const ServingWork& w = cw.w;
-  const SoftmaxScale sc = softmax_scale(p);
+  // 8-bit cache: the descales (and E4M3's 2^8) fold into the softmax scale and 1 / l
+  const KvScales kvs = kv_scales<SERVING>(p, w, h);
+  const SoftmaxScale sc = softmax_scale(p, kvs.k);
   const bool warp_on = !SERVING || m0 + rw * WR < sq;
   // K / V tile n0 -> registers; serving: the pages of the next tile's rows are fetched
   // into pg one tile ahead (fetch(n0) right after the loads of the tile before).
@@ -107,10 +109,10 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     if constexpr (SERVING) fetch_pages<C>(pg, p, w.pages, n0, sk, tid);
   };
   auto load_k = [&](uint4(&r)[C::kTileLoads], int n0) {
-    load_kv<C, SERVING>(r, cw.kg, pg, p, cw, p.k_batch_stride, p.k_row_stride, n0, tid);
+    load_kv<C, SERVING, false>(r, pg, p, cw, n0, tid);
   };
   auto load_v = [&](uint4(&r)[C::kTileLoads], int n0) {
-    load_kv<C, SERVING>(r, cw.vg, pg, p, cw, p.v_batch_stride, p.v_row_stride, n0, tid);
+    load_kv<C, SERVING, true>(r, pg, p, cw, n0, tid);
   };
 
   // Q tile -> smem (once).
@@ -339,7 +341,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       l[ms][hr] = row_allreduce_sum<4>(row_sum[ms][hr]);
-      const float inv = inv_row_sum(l[ms][hr]);
+      const float inv = inv_row_sum(l[ms][hr]) * kvs.v;
 #pragma unroll
       for (int i = 0; i < DT; ++i) {
         o[ms][i][2 * hr] *= inv;
@@ -354,7 +356,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         const int row = r0 + ms * 16 + hr * 8;
         if (row >= sq) continue;
         const int64_t a = accum_row(p, b, h, row);
-        if (tig == 0) p.lse_accum[a] = partial_lse(p, l[ms][hr], row_max[ms][hr]);
+        if (tig == 0) p.lse_accum[a] = partial_lse(sc, l[ms][hr], row_max[ms][hr]);
 #pragma unroll
         for (int i = 0; i < DT; ++i) {
           const int col = i * 8 + tig * 2;
@@ -373,7 +375,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       const int row = r0 + ms * 16 + hr * 8;
       if (tig == 0 && row < sq)
         p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
-            row_lse(p, l[ms][hr], row_max[ms][hr]);
+            row_lse(sc, l[ms][hr], row_max[ms][hr]);
     }
   } else {
     out_offsets(p, b, h, o_off, lse_off);
@@ -382,14 +384,14 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const float l = row_allreduce_sum<4>(row_sum[ms][hr]);
-      const float inv = inv_row_sum(l);
+      const float inv = inv_row_sum(l) * kvs.v;
 #pragma unroll
       for (int i = 0; i < DT; ++i) {
         o[ms][i][2 * hr] *= inv;
         o[ms][i][2 * hr + 1] *= inv;
       }
       const int row = r0 + ms * 16 + hr * 8;
-      if (tig == 0 && c0 == 0 && row < sq) p.lse[lse_off + row] = row_lse(p, l, row_max[ms][hr]);
+      if (tig == 0 && c0 == 0 && row < sq) p.lse[lse_off + row] = row_lse(sc, l, row_max[ms][hr]);
     }
   }
   if constexpr (C::kQInRegs)

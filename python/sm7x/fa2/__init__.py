@@ -299,7 +299,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None,
-                           seqused_k=None, out=None, scheduler_metadata=None):
+                           seqused_k=None, out=None, scheduler_metadata=None, k_descale=None,
+                           v_descale=None, kv_cache_dtype=None):
     """Attention over packed sequences: ``q [total_q, num_heads, head_dim]``, ``k``/``v``
     ``[total_k, num_kv_heads, head_dim]``; sequence ``i`` is ``q[cu_seqlens_q[i]:
     cu_seqlens_q[i+1]]`` (int32 ``[batch + 1]``). ``max_seqlen_q``/``max_seqlen_k`` must
@@ -315,6 +316,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequence (chunked prefill, speculative verification) use bottom-right causal masking.
     ``out``: written in place when given. ``scheduler_metadata``: a :class:`DecodePlan`
     from :func:`plan_decode` (no host sync, no workspace allocation: CUDA-graph capturable).
+    8-bit caches: ``torch.float8_e4m3fn`` / ``float8_e5m2`` (or uint8 with
+    ``kv_cache_dtype`` ``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``, vLLM's names) holding
+    ``x / descale``; ``k_descale`` / ``v_descale``: float32, one value, one per kv head or
+    ``[batch, num_kv_heads]`` (FA3's names; None: 1).
     The paged call is inference-only; the others are differentiable in q, k, v (then
     without ``out``), with ``deterministic`` as in :func:`flash_attn_func`.
     """
@@ -325,10 +330,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
             softcap=softcap, return_lse=return_attn_probs, block_table=block_table,
-            seqused_k=seqused_k, out=out, scheduler_metadata=scheduler_metadata)
-    if scheduler_metadata is not None:
-        raise ValueError(f"sm7x.fa2.{fn}: scheduler_metadata plans calls over a KV cache; pass "
-                         f"it with block_table/seqused_k")
+            seqused_k=seqused_k, out=out, scheduler_metadata=scheduler_metadata,
+            k_descale=k_descale, v_descale=v_descale, kv_cache_dtype=kv_cache_dtype)
+    for name, given in (("scheduler_metadata", scheduler_metadata), ("k_descale", k_descale),
+                        ("v_descale", v_descale), ("kv_cache_dtype", kv_cache_dtype)):
+        if given is not None:
+            raise ValueError(f"sm7x.fa2.{fn}: {name} applies to calls over a KV cache; pass "
+                             f"it with block_table/seqused_k")
     heads, kv_heads, hd = _check_qkv(fn, q, k, v, 3, "[total_tokens, num_heads, head_dim]")
     for name, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(c, torch.Tensor):
@@ -438,7 +446,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, scheduler_metadata=None):
+                            return_softmax_lse=False, scheduler_metadata=None, k_descale=None,
+                            v_descale=None, kv_cache_dtype=None):
     """flash-attn 2.x's decoding call: ``q [batch, seqlen_q, num_heads, head_dim]`` against
     a KV cache, contiguous ``[batch_cache, seqlen_cache, num_kv_heads, head_dim]`` or paged
     ``[num_blocks, page_size, num_kv_heads, head_dim]`` with ``block_table [batch,
@@ -454,6 +463,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     most n. Returns ``out`` (and ``softmax_lse [batch, num_heads, seqlen_q]`` with
     ``return_softmax_lse``). The append and rotary are torch ops; the attention is one
     sm7x call.
+
+    8-bit caches (``torch.float8_e4m3fn`` / ``float8_e5m2``, or uint8 with
+    ``kv_cache_dtype``, as in :func:`flash_attn_varlen_func`) hold ``x / descale``: the
+    appended ``k``/``v`` are encoded so (nearest even, saturating) with ``k_descale`` /
+    ``v_descale`` (float32; one value, one per kv head or ``[batch, num_kv_heads]``).
     """
     fn = "flash_attn_with_kvcache"
     _check_unsupported(fn, 0.0, alibi_slopes)
@@ -461,7 +475,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  softmax_scale, causal, window_size, softcap,
                                  rotary_interleaved, num_splits, return_softmax_lse,
-                                 scheduler_metadata)
+                                 scheduler_metadata, k_descale, v_descale, kv_cache_dtype)
 
 
 from . import _autograd  # noqa: E402  (uses the helpers above)

@@ -253,20 +253,79 @@ def _check_index(fn: str, name: str, t, q, shape: tuple) -> None:
                          f"it with .to(q.device)")
 
 
+# ---------------------------------------------------------------------------------------
+# 8-bit caches: the format (csrc/fa2/fa2.h KvFormat) from the cache's dtype, or from
+# vLLM's --kv-cache-dtype name for a uint8 cache of codes ("fp8" is E4M3 there too)
+
+KV_FORMATS = {torch.float16: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
+KV_CACHE_DTYPES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2}
+_CODE_DTYPES = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}
+
+
+def _cache_format(fn: str, k_cache, kv_cache_dtype) -> int:
+    """The KvFormat of a cache: its dtype names it (float16, float8_e4m3fn, float8_e5m2);
+    a uint8 cache needs kv_cache_dtype. Whether the two agree is the op's check."""
+    if kv_cache_dtype is None or kv_cache_dtype == "auto":
+        fmt = KV_FORMATS.get(k_cache.dtype)
+        if fmt is not None:
+            return fmt
+        if k_cache.dtype == torch.uint8:
+            raise ValueError(f"sm7x.fa2.{fn}: k_cache is a uint8 tensor of 8-bit codes: name "
+                             f"the format with kv_cache_dtype='fp8_e4m3' (vLLM's 'fp8') or "
+                             f"'fp8_e5m2', or pass a .view(torch.float8_e4m3fn) of it")
+        raise TypeError(f"sm7x.fa2.{fn}: k_cache has dtype {k_cache.dtype}; a KV cache is "
+                        f"float16, float8_e4m3fn or float8_e5m2 (sm7x has no bf16 kernels)")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"sm7x.fa2.{fn}: kv_cache_dtype {kv_cache_dtype!r} is not one of "
+                         f"'auto', {', '.join(map(repr, KV_CACHE_DTYPES))}")
+    return KV_CACHE_DTYPES[kv_cache_dtype]
+
+
+def _check_descales(fn: str, fmt: int, k_descale, v_descale) -> None:
+    for name, d in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if d is not None and not isinstance(d, torch.Tensor):
+            raise TypeError(f"sm7x.fa2.{fn}: {name} must be a float32 torch.Tensor or None, "
+                            f"got {type(d).__name__}")
+        if d is not None and fmt == 0:
+            raise ValueError(f"sm7x.fa2.{fn}: {name} applies to an 8-bit cache, but the cache "
+                             f"is float16")
+
+
+def encode_codes(x: torch.Tensor, fmt: int, descale) -> torch.Tensor:
+    """fp16 tokens [batch, seqlen, kv_heads, head_dim] -> the 8-bit codes of format fmt:
+    x / descale rounded to nearest even, saturated at the format's largest finite value
+    (+-inf too; NaN stays NaN): what sm7x.ops.reshape_and_cache and vLLM's cache writes
+    store. descale: None, one value, [kv_heads] or [batch, kv_heads]."""
+    dtype = _CODE_DTYPES[fmt]
+    y = x.float()
+    if descale is not None:
+        d = descale.float()
+        if d.dim() == 2:
+            d = d[:, None, :, None]
+        elif d.dim() == 1 and d.numel() > 1:
+            d = d[:, None]
+        y = y / d
+    big = torch.finfo(dtype).max
+    return y.clamp(-big, big).to(dtype)
+
+
 def _check_cache(fn: str, q, k_cache, v_cache, paged: bool) -> tuple[int, int, int]:
     """k_cache/v_cache against q ([..., num_heads, head_dim]); returns heads, kv_heads, hd."""
     layout = ("[num_blocks, page_size, num_kv_heads, head_dim]" if paged
               else "[batch_cache, seqlen_cache, num_kv_heads, head_dim]")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(name, t, fn)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"sm7x.fa2.{fn}: {name} must be a torch.Tensor, got "
+                            f"{type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"sm7x.fa2.{fn}: {name} must be 4-D {layout}, got shape "
                              f"{tuple(t.shape)}")
         if t.device != q.device:
             raise ValueError(f"sm7x.fa2.{fn}: {name} is on {t.device} but q is on {q.device}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"sm7x.fa2.{fn}: k_cache {tuple(k_cache.shape)} and v_cache "
-                         f"{tuple(v_cache.shape)} must have the same shape")
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"sm7x.fa2.{fn}: k_cache {tuple(k_cache.shape)} {k_cache.dtype} and "
+                         f"v_cache {tuple(v_cache.shape)} {v_cache.dtype} must have the same "
+                         f"shape and dtype")
     hd, heads, kv_heads = q.shape[-1], q.shape[-2], k_cache.shape[2]
     if k_cache.shape[3] != hd:
         raise ValueError(f"sm7x.fa2.{fn}: q has head_dim {hd} but k_cache has "
@@ -299,20 +358,22 @@ def _capturing() -> bool:
 
 def _run(fn, ops, q, k_cache, v_cache, out, lse, *, cu_seqlens_q, seqused_k, cu_seqlens_k,
          block_table, cache_batch_idx, leftpad, batch, max_seqlen_q, seqlen_k_bound,
-         seqused_add, scale, causal, left, right, softcap, num_splits, plan):
+         seqused_add, scale, causal, left, right, softcap, num_splits, plan, kv_format,
+         k_descale, v_descale):
     heads, kv_heads, hd = q.shape[-2], k_cache.shape[2], q.shape[-1]
     plan, o_accum, lse_accum = _plan_for(fn, ops, q, batch, max_seqlen_q, seqlen_k_bound, heads,
                                          kv_heads, hd, num_splits, plan)
     ops.fwd_serving(q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k, cu_seqlens_k,
                     block_table, cache_batch_idx, leftpad, plan.partitions, plan.split_offsets,
                     o_accum, lse_accum, max_seqlen_q, seqlen_k_bound, seqused_add, scale, causal,
-                    left, right, softcap)
+                    left, right, softcap, kv_format, k_descale, v_descale)
     return plan
 
 
 def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                  softmax_scale, causal, window_size, softcap, return_lse, block_table,
-                 seqused_k, out, scheduler_metadata):
+                 seqused_k, out, scheduler_metadata, k_descale=None, v_descale=None,
+                 kv_cache_dtype=None):
     """flash_attn_varlen_func over a paged cache (vLLM's flash-attn fork's call)."""
     paged = block_table is not None
     _check_tensor("q", q, fn)
@@ -320,6 +381,8 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise ValueError(f"sm7x.fa2.{fn}: q must be 3-D [total_q, num_heads, head_dim], got "
                          f"shape {tuple(q.shape)}")
     heads, kv_heads, hd = _check_cache(fn, q, k, v, paged)
+    kv_format = _cache_format(fn, k, kv_cache_dtype)
+    _check_descales(fn, kv_format, k_descale, v_descale)
     _check_index(fn, "cu_seqlens_q", cu_seqlens_q, q, (None,))
     batch = cu_seqlens_q.shape[0] - 1
     if batch < 0:
@@ -363,7 +426,8 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
          cu_seqlens_k=cu_seqlens_k if seqused_k is None else None, block_table=block_table,
          cache_batch_idx=None, leftpad=None, batch=batch, max_seqlen_q=max_seqlen_q,
          seqlen_k_bound=max_seqlen_k, seqused_add=0, scale=scale, causal=causal, left=left,
-         right=right, softcap=softcap, num_splits=0, plan=scheduler_metadata)
+         right=right, softcap=softcap, num_splits=0, plan=scheduler_metadata,
+         kv_format=kv_format, k_descale=k_descale, v_descale=v_descale)
     return (out, lse, None) if return_lse else out
 
 
@@ -387,7 +451,7 @@ def _rotary(x, cos, sin, pos, interleaved: bool):
 def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                  cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
                  softcap, rotary_interleaved, num_splits, return_softmax_lse,
-                 scheduler_metadata):
+                 scheduler_metadata, k_descale=None, v_descale=None, kv_cache_dtype=None):
     """flash-attn 2.x's flash_attn_with_kvcache (see sm7x.fa2.flash_attn_with_kvcache)."""
     paged = block_table is not None
     _check_tensor("q", q, fn)
@@ -395,6 +459,8 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         raise ValueError(f"sm7x.fa2.{fn}: q must be 4-D [batch, seqlen_q, num_heads, head_dim], "
                          f"got shape {tuple(q.shape)}")
     heads, kv_heads, hd = _check_cache(fn, q, k_cache, v_cache, paged)
+    kv_format = _cache_format(fn, k_cache, kv_cache_dtype)
+    _check_descales(fn, kv_format, k_descale, v_descale)
     batch, sq = q.shape[0], q.shape[1]
     if paged:
         _check_index(fn, "block_table", block_table, q, (batch, None))
@@ -480,7 +546,12 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                 k = _rotary(k, rotary_cos, rotary_sin,
                             positions[:, :seqlen_new].clamp(0, seqlen_ro - 1), rotary_interleaved)
         if k is not None:
-            _append(k_cache, v_cache, k, v, positions[:, :seqlen_new], capacity, block_table,
+            kc, vc = k_cache, v_cache
+            if kv_format:  # the new tokens as the cache stores them, copied as bytes
+                k = encode_codes(k, kv_format, k_descale).view(torch.uint8)
+                v = encode_codes(v, kv_format, v_descale).view(torch.uint8)
+                kc, vc = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+            _append(kc, vc, k, v, positions[:, :seqlen_new], capacity, block_table,
                     cache_batch_idx)
     q = _kernel_layout(q)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -489,7 +560,8 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
          cu_seqlens_k=None, block_table=block_table, cache_batch_idx=cache_batch_idx,
          leftpad=cache_leftpad, batch=batch, max_seqlen_q=sq, seqlen_k_bound=capacity,
          seqused_add=seqlen_new, scale=scale, causal=causal, left=left, right=right,
-         softcap=softcap, num_splits=num_splits, plan=scheduler_metadata)
+         softcap=softcap, num_splits=num_splits, plan=scheduler_metadata, kv_format=kv_format,
+         k_descale=k_descale, v_descale=v_descale)
     return (out, lse) if return_softmax_lse else out
 
 
