@@ -115,6 +115,15 @@ def test_valid_calls_reach_the_cuda_check():
         lambda: call_varlen(seqused_k=None, cu_seqlens_k=torch.tensor([0, 10, 30], dtype=I32)),
         lambda: call_kvcache("paged"),
         lambda: call_kvcache("contiguous"),
+        # 8-bit caches: float8 dtypes, or uint8 with vLLM's format name; descales
+        lambda: call_varlen(k=torch.zeros(8, 16, 2, 64, dtype=torch.float8_e4m3fn),
+                            v=torch.zeros(8, 16, 2, 64, dtype=torch.float8_e4m3fn),
+                            k_descale=torch.ones(()), v_descale=torch.ones(2, 2)),
+        lambda: call_varlen(k=torch.zeros(8, 16, 2, 64, dtype=torch.uint8),
+                            v=torch.zeros(8, 16, 2, 64, dtype=torch.uint8), kv_cache_dtype="fp8"),
+        lambda: call_kvcache("contiguous", k_cache=torch.zeros(2, 64, 2, 64, dtype=torch.float8_e5m2),
+                             v_cache=torch.zeros(2, 64, 2, 64, dtype=torch.float8_e5m2),
+                             k_descale=torch.ones(1)),
         lambda: call_kvcache("paged", cache_seqlens=10),
         lambda: call_kvcache("contiguous", cache_batch_idx=torch.tensor([1, 0], dtype=I32),
                              cache_leftpad=torch.zeros(2, dtype=I32)),
@@ -152,8 +161,22 @@ VARLEN_CASES = [
     ("seqused_k 2-D", dict(seqused_k=torch.full((2, 1), 10, dtype=I32)), SHAPE_ERRORS, "seqused_k"),
     ("seqused_k int64", dict(seqused_k=torch.full((2,), 10, dtype=torch.int64)), SHAPE_ERRORS, "seqused_k"),
     ("no key lengths", dict(seqused_k=None, cu_seqlens_k=None), SHAPE_ERRORS, "seqused_k|cu_seqlens_k"),
-    ("cache dtype", dict(k=torch.zeros(8, 16, 2, 64), v=torch.zeros(8, 16, 2, 64)), TypeError, "float16 only"),
+    ("cache dtype", dict(k=torch.zeros(8, 16, 2, 64), v=torch.zeros(8, 16, 2, 64)), TypeError,
+     "a KV cache is float16, float8_e4m3fn or float8_e5m2"),
     ("k and v caches differ", dict(v=torch.zeros(9, 16, 2, 64, dtype=F16)), ValueError, "same shape"),
+    ("k fp8, v fp16", dict(k=torch.zeros(8, 16, 2, 64, dtype=torch.float8_e4m3fn)), ValueError,
+     "same shape and dtype"),
+    ("uint8 cache, no format", dict(k=torch.zeros(8, 16, 2, 64, dtype=torch.uint8),
+                                    v=torch.zeros(8, 16, 2, 64, dtype=torch.uint8)),
+     ValueError, "kv_cache_dtype='fp8_e4m3'"),
+    ("kv_cache_dtype unknown", dict(k=torch.zeros(8, 16, 2, 64, dtype=torch.uint8),
+                                    v=torch.zeros(8, 16, 2, 64, dtype=torch.uint8),
+                                    kv_cache_dtype="int4"), ValueError, "kv_cache_dtype 'int4'"),
+    ("descale on a float16 cache", dict(k_descale=torch.ones(())), ValueError,
+     "applies to an 8-bit cache"),
+    ("descale not a tensor", dict(k=torch.zeros(8, 16, 2, 64, dtype=torch.float8_e5m2),
+                                  v=torch.zeros(8, 16, 2, 64, dtype=torch.float8_e5m2),
+                                  v_descale=0.5), TypeError, "v_descale must be a float32"),
     ("head_dim differs", dict(k=torch.zeros(8, 16, 2, 128, dtype=F16), v=torch.zeros(8, 16, 2, 128, dtype=F16)),
      ValueError, "head_dim"),
     ("GQA", dict(k=torch.zeros(8, 16, 3, 64, dtype=F16), v=torch.zeros(8, 16, 3, 64, dtype=F16)),
@@ -225,7 +248,7 @@ def _kv_cases():
          SHAPE_ERRORS, "cache_seqlens"),
         ("num_splits negative", "paged", dict(num_splits=-1), ValueError, "num_splits"),
         ("cache dtype", "contiguous", dict(k_cache=torch.zeros(2, 64, 2, 64), v_cache=torch.zeros(2, 64, 2, 64)),
-         TypeError, "float16 only"),
+         TypeError, "a KV cache is float16"),
         ("k and v caches differ", "contiguous", dict(v_cache=torch.zeros(2, 32, 2, 64, dtype=F16)),
          ValueError, "same shape|v_cache"),
         ("GQA", "paged", dict(q=torch.zeros(2, 1, 3, 64, dtype=F16)), ValueError,
@@ -331,3 +354,39 @@ def test_paged_max_seqlen_q_zero_with_queries_is_refused():
     """Before: the paged call returned zeros, silently (the kernels skip a 0 bound)."""
     with raises(ValueError, match="max_seqlen_q is 0 but q holds"):
         call_varlen(max_seqlen_q=0)
+
+
+# ---------------------------------------------------------------------------------------
+# 8-bit caches: what flash_attn_with_kvcache's append writes
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_append_encoding_equals_reshape_and_cache(fmt):
+    """The append's encoder (torch ops) and sm7x.ops.reshape_and_cache (the core library's
+    integer encoder, on CPU) write the same byte for all 65,536 float16 bit patterns, NaN
+    codes aside (any NaN code for a NaN)."""
+    ops = pytest.importorskip("sm7x.ops")
+    from sm7x.fa2 import _serving
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(F16).view(256, 4, 64)
+    scale = torch.tensor([0.37])
+    cache = torch.zeros(16, 16, 4, 64, dtype=torch.uint8)
+    try:
+        ops.reshape_and_cache(x, x, cache, cache.clone(), torch.arange(256), fmt, scale, scale)
+    except ImportError as exc:  # no core library in this environment
+        pytest.skip(str(exc))
+    fmt_id = _serving.KV_CACHE_DTYPES[fmt]
+    mine = _serving.encode_codes(x[None], fmt_id, scale).view(torch.uint8)[0]
+    theirs = cache.reshape(256, 4, 64)
+    dtype = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}[fmt_id]
+    nan = torch.isnan(theirs.view(dtype).float())
+    assert torch.equal(nan, torch.isnan(mine.view(dtype).float()))
+    assert torch.equal(mine[~nan], theirs[~nan])
+
+
+@pytest.mark.parametrize("name", ["k_descale", "v_descale", "kv_cache_dtype"])
+def test_cache_arguments_refused_without_a_cache(name):
+    q = torch.zeros(4, 8, 64, dtype=F16)
+    cu = torch.tensor([0, 4], dtype=I32)
+    with raises(ValueError, match=f"{name} applies to calls over a KV cache"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, **{name: "fp8" if name == "kv_cache_dtype"
+                                                         else torch.ones(())})

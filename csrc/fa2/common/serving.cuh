@@ -155,46 +155,63 @@ __device__ __forceinline__ KvScales kv_scales(const FwdParams& p, const ServingW
 }
 
 // Rows [n0, n0 + BC) of a cache tile (K or V: page_stride / row_stride are its strides,
-// in elements: bytes for an 8-bit cache) into registers as fp16; rows >= n and chunks past
-// the real head dim read as zeros. Paged: row j is row j % page_size of page pg[i]
-// (fetched for this tile); contiguous: j rows on. g: the kv head's first element.
-template <class C, bool KV8, int LOADS>
-__device__ __forceinline__ void load_cache_rows(uint4 (&r)[LOADS], const unsigned char* g,
-                                                const int (&pg)[LOADS], bool paged,
-                                                int page_shift, int64_t page_stride,
-                                                int64_t row_stride, int n0, int n,
-                                                int head_dim, int tid, int shift) {
+// in elements: bytes for an 8-bit cache) into registers (fp16, or an 8-bit cache's codes
+// in .x / .y of each uint4: store_kv widens them); rows >= n and chunks past the real head
+// dim read as zeros. Paged: row j is row j % page_size of page pg[i] (fetched for this
+// tile); contiguous: j rows on. g: the kv head's first byte. One address per load for
+// both widths (the element size a shift): two copies of the loop would each keep their
+// own addresses live.
+template <class C, int LOADS>
+__device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const unsigned char* g,
+                                                const int (&pg)[LOADS], const FwdParams& p,
+                                                bool paged, int64_t page_stride,
+                                                int64_t row_stride, int n0, int n, int tid) {
+  const bool kv8 = p.kv_format != kKvF16;
+  const int elem_shift = kv8 ? 0 : 1;
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
     int row, c;
     tile_coord<C>(i, tid, row, c);
     const int j = n0 + row;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (in_tile<C, C::kBlockN>(i, tid) && j < n && c * 8 < head_dim) {
+    if (in_tile<C, C::kBlockN>(i, tid) && j < n && c * 8 < p.head_dim) {
       const int64_t off = (paged ? (int64_t)pg[i] * page_stride +
-                                       (int64_t)(j & ((1 << page_shift) - 1)) * row_stride
+                                       (int64_t)(j & ((1 << p.page_shift) - 1)) * row_stride
                                  : (int64_t)j * row_stride) + c * 8;
-      if constexpr (KV8)
-        v = widen_fp8x8(__ldg(reinterpret_cast<const uint2*>(g + off)), shift);
-      else
-        v = __ldg(reinterpret_cast<const uint4*>(g + 2 * off));
+      const unsigned char* a = g + (off << elem_shift);
+      if (kv8) {
+        const uint2 codes = __ldg(reinterpret_cast<const uint2*>(a));
+        v.x = codes.x;
+        v.y = codes.y;
+      } else {
+        v = __ldg(reinterpret_cast<const uint4*>(a));
+      }
     }
     r[i] = v;
   }
 }
 
-// The format is the same for the whole launch: one branch per tile, not per load.
-template <class C, int LOADS>
-__device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const unsigned char* g,
-                                                const int (&pg)[LOADS], const FwdParams& p,
-                                                bool paged, int64_t page_stride,
-                                                int64_t row_stride, int n0, int n, int tid) {
-  if (p.kv_format == kKvF16)
-    load_cache_rows<C, false>(r, g, pg, paged, p.page_shift, page_stride, row_stride, n0, n,
-                              p.head_dim, tid, 0);
-  else
-    load_cache_rows<C, true>(r, g, pg, paged, p.page_shift, page_stride, row_stride, n0, n,
-                             p.head_dim, tid, p.kv_format == kKvE4M3 ? 1 : 0);
+// A K or V tile from registers to shared memory. An 8-bit cache's codes (8 per uint4,
+// in .x / .y: half the registers of the fp16 they become while the loads are in flight)
+// are widened here, after the GEMMs those loads overlapped.
+template <class C, bool SERVING, int LOADS>
+__device__ __forceinline__ void store_kv(__half* s, const uint4 (&r)[LOADS], const FwdParams& p,
+                                         int tid) {
+  if constexpr (SERVING) {
+    if (p.kv_format != kKvF16) {
+      const int shift = p.kv_format == kKvE4M3 ? 1 : 0;
+#pragma unroll
+      for (int i = 0; i < LOADS; ++i) {
+        int row, c;
+        tile_coord<C>(i, tid, row, c);
+        if (in_tile<C, C::kBlockN>(i, tid))
+          *reinterpret_cast<uint4*>(s + row * C::kStride + c * 8) =
+              widen_fp8x8(make_uint2(r[i].x, r[i].y), shift);
+      }
+      return;
+    }
+  }
+  store_tile<C, C::kBlockN>(s, r, tid);
 }
 
 // Row-offset functors for load_tile_rows (Q) / store_o_rows_at (O).

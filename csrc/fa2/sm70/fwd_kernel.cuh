@@ -171,8 +171,8 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     load_k(stage_k, t_lo * BC);
     load_v(stage_v, t_lo * BC);
     fetch((t_lo + 1) * BC);
-    store_tile<C, BC>(sK, stage_k, tid);
-    store_tile<C, BC>(sV, stage_v, tid);
+    store_kv<C, SERVING>(sK, stage_k, p, tid);
+    store_kv<C, SERVING>(sV, stage_v, p, tid);
   }
   __syncthreads();
 
@@ -319,8 +319,8 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         load_v(stage_v, n0 + BC);
         fetch(n0 + 2 * BC);
       }
-      store_tile<C, BC>(sK, stage_k, tid);
-      store_tile<C, BC>(sV, stage_v, tid);
+      store_kv<C, SERVING>(sK, stage_k, p, tid);
+      store_kv<C, SERVING>(sV, stage_v, p, tid);
       __syncthreads();
     }
   }

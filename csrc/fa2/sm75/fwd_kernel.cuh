@@ -155,10 +155,10 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   if (t_lo < t_hi) {
     fetch(t_lo * BC);
     load_k(stage, t_lo * BC);
-    store_tile<C, BC>(sK0, stage, tid);
+    store_kv<C, SERVING>(sK0, stage, p, tid);
     load_v(stage, t_lo * BC);
     fetch((t_lo + 1) * BC);
-    store_tile<C, BC>(sK0 + BC * ST, stage, tid);
+    store_kv<C, SERVING>(sK0 + BC * ST, stage, p, tid);
   }
   __syncthreads();
 
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
       __syncthreads();  // every warp is done with sK (K_t)
       if (t + 1 < t_hi) {
-        store_tile<C, BC>(sK, stage, tid);  // K_{t+1}: read after the barrier below
+        store_kv<C, SERVING>(sK, stage, p, tid);  // K_{t+1}: read after the barrier below
         load_v(stage, n0 + BC);
         fetch(n0 + 2 * BC);
       }
@@ -316,17 +316,17 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     if (t + 1 < t_hi) {
       if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
         __syncthreads();  // every warp is done with sV (V_t)
-        store_tile<C, BC>(sV, stage, tid);  // V_{t+1}: read after the next iteration's first barrier
+        store_kv<C, SERVING>(sV, stage, p, tid);  // V_{t+1}: read after the next iteration's first barrier
       } else if constexpr (C::kDouble) {
         // the other buffer: every warp left it (tile t - 1) before the last barrier
         __half* const nK = sK == sK0 ? sK0 + 2 * BC * ST : sK0;
-        store_tile<C, BC>(nK, stage, tid);
-        store_tile<C, BC>(nK + BC * ST, stage_v, tid);
+        store_kv<C, SERVING>(nK, stage, p, tid);
+        store_kv<C, SERVING>(nK + BC * ST, stage_v, p, tid);
         __syncthreads();  // K_{t+1}, V_{t+1} stored
       } else {
         __syncthreads();  // every warp is done with sK and sV
-        store_tile<C, BC>(sK, stage, tid);
-        store_tile<C, BC>(sV, stage_v, tid);
+        store_kv<C, SERVING>(sK, stage, p, tid);
+        store_kv<C, SERVING>(sV, stage_v, p, tid);
         __syncthreads();
       }
     }
