@@ -1,6 +1,6 @@
 """The decode benchmark's command line (``python -m sm7x.bench decode``): the argument
-parsing (sizes, ``--shape``) and :func:`main`, which runs the sweep and writes what was
-measured."""
+parsing (sizes, ``--shape``, ``--kv-dtype``) and :func:`main`, which runs the sweep and
+writes what was measured, or with ``--context-table`` prints the context table (no GPU)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 
 from .. import _output
 from .arithmetic import (DEFAULT_BATCHES, DEFAULT_LENS, DEFAULT_PREFILL_BATCHES, DEFAULT_SHAPE,
-                         PAGE_SIZE, QUICK_BATCHES, QUICK_LENS, Shape)
-from .report import draw, finish, print_summary
+                         KV_DTYPE_ALIASES, KV_DTYPES, PAGE_SIZE, QUICK_BATCHES, QUICK_LENS, Shape,
+                         context_table)
+from .report import context_table_markdown, draw, finish, print_summary
 from .runs import _first_line, run
 
 
@@ -32,6 +33,25 @@ def parse_shape(text: str) -> Shape:
         raise ValueError(f"--shape {text!r}: head dim {head_dim} must be a multiple of {step} "
                          f"in {step}..{top}")
     return Shape(heads, kv_heads, head_dim)
+
+
+def parse_kv_dtypes(text: str) -> list[str]:
+    """``"fp16,fp8_e4m3"`` -> the cache formats in KV_DTYPES order, fp16 always first (the
+    8-bit ratios are against its sm7x row); ``"all"`` -> all three; ``"fp8"`` is
+    ``fp8_e4m3`` (vLLM's name). ValueError naming the unknown entry and the choices."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--kv-dtype {text!r}: empty; choose from {', '.join(KV_DTYPES)} or all")
+    if "all" in names:
+        return list(KV_DTYPES)
+    chosen = {"fp16"}
+    for n in names:
+        n = KV_DTYPE_ALIASES.get(n, n)
+        if n not in KV_DTYPES:
+            raise ValueError(f"--kv-dtype: unknown cache format {n!r}; choose from "
+                             f"{', '.join(KV_DTYPES)} (comma-separated) or all")
+        chosen.add(n)
+    return [k for k in KV_DTYPES if k in chosen]
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -89,6 +109,19 @@ def parse_args(argv: list[str]):
     p.add_argument("--num-splits", type=int, default=0,
                    help="plan_decode(num_splits=): 0 = the planner decides (default), 1 = no "
                    "split, n = at most n splits per sequence")
+    p.add_argument("--kv-dtype", default="fp16", metavar="LIST",
+                   help="KV cache formats, comma-separated from fp16, fp8_e4m3, fp8_e5m2 (fp8 = "
+                   "fp8_e4m3), or all (default: %(default)s). Each 8-bit format adds sm7x rows "
+                   "over an 8-bit copy of the same paged cache (decode and chunked prefill): "
+                   "step time, GB/s of the bytes it reads, ratio to the fp16 sm7x time; fp16 "
+                   "always runs")
+    p.add_argument("--context-table", action="store_true",
+                   help="print the largest context per KV format for 7B/8B models on a T4 and "
+                   "a V100 (arithmetic from model configs, no GPU) and exit; a normal run puts "
+                   "it in the JSON")
+    p.add_argument("--weights-gb", type=float,
+                   help="context table: also a row per model and card with weights of this "
+                   "many GB (1e9 bytes), e.g. a 4-bit checkpoint")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     try:
@@ -103,8 +136,11 @@ def parse_args(argv: list[str]):
         else:
             a.prefill_batches = parse_sizes(a.prefill_batches)
         a.shape = parse_shape(a.shape)
+        a.kv_dtypes = parse_kv_dtypes(a.kv_dtype)
     except ValueError as e:
         p.error(str(e))
+    if a.weights_gb is not None and not a.weights_gb > 0:
+        p.error("--weights-gb must be > 0")
     if a.iters is None:
         a.iters = 5 if a.quick else 20
     if a.repeats is None:
@@ -118,8 +154,15 @@ def parse_args(argv: list[str]):
     return a
 
 
+def _context_table(a) -> dict:
+    return context_table(weights_bytes=None if a.weights_gb is None else a.weights_gb * 1e9)
+
+
 def main(argv: list[str]) -> int:
     a = parse_args(argv)
+    if a.context_table:  # arithmetic only: no CUDA needed
+        print(context_table_markdown(_context_table(a)))
+        return 0
     if not torch.cuda.is_available():
         print("sm7x.bench decode: needs a CUDA device (torch.cuda.is_available() is False)",
               file=sys.stderr)
@@ -133,7 +176,7 @@ def main(argv: list[str]) -> int:
     rc = 0
     try:
         run(a.batches, a.lens, a.prefill_batches, a.iters, a.repeats, a.budget, a.page_size,
-            a.num_splits, a.seed, result=result, shape=a.shape)
+            a.num_splits, a.seed, result=result, shape=a.shape, kv_dtypes=a.kv_dtypes)
     except (Exception, KeyboardInterrupt) as e:  # keep what was measured
         result["aborted"] = _first_line(e)
         rc = 1
@@ -144,6 +187,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
     if result.get("results") is not None:
         print_summary(result)
+        result["context_table"] = _context_table(a)  # in the JSON, not printed
         _output.write(result, a.out, a.plot, draw)
     return rc
 

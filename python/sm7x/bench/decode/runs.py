@@ -1,7 +1,7 @@
 """The decode benchmark's timed runs, on the GPU: SDPA backends probed, paged and
 contiguous caches built, one decode row per (batch, kv_len) and one chunked-prefill row
-per batch timed against torch SDPA, the device's copy bandwidth, and :func:`run`, the
-whole sweep."""
+per batch timed against torch SDPA (and, with ``--kv-dtype``, sm7x over 8-bit copies of
+the same paged cache), the device's copy bandwidth, and :func:`run`, the whole sweep."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ import torch
 
 from ..core import _copy_fn, _time
 from .arithmetic import (COPY_BYTES, DECODE_BASELINES, DEFAULT_BATCHES, DEFAULT_LENS,
-                         DEFAULT_PREFILL_BATCHES, DEFAULT_SHAPE, PAGE_SIZE, PREFILL_NEW,
-                         PREFILL_PREFIX, Shape, cache_bytes, fits_budget, gbps, kv_bytes,
-                         num_pages, plan_splits, prefill_flops, ratio, useful_bytes)
-from .report import DECODE_HEADER, PREFILL_HEADER, finish, format_decode_row, format_prefill_row
+                         DEFAULT_PREFILL_BATCHES, DEFAULT_SHAPE, KV8_TORCH_DTYPES, PAGE_SIZE,
+                         PREFILL_NEW, PREFILL_PREFIX, Shape, cache_bytes, fits_budget, gbps,
+                         kv8_descale, kv_bytes, num_pages, plan_splits, prefill_flops, ratio,
+                         time_ratio, useful_bytes)
+from .report import (DECODE_HEADER, PREFILL_HEADER, fill_frac_of_copy, finish,
+                     format_decode_row, format_kv8_lines, format_prefill_row)
 
 
 # ---------------------------------------------------------------------------------------
@@ -173,6 +175,69 @@ def _paged_inputs(batch: int, kv_len: int, page_size: int, gen: torch.Generator,
     return k_c, v_c, k_p, v_p, block_table, seqused
 
 
+# ---------------------------------------------------------------------------------------
+# 8-bit caches: the fp16 paged cache encoded (same pages, same block table), the
+# dequantized reference, and the timing matched to the fp16 row's.
+
+_CHUNK_BYTES = 1 << 28  # fp32 bytes a slice of an encode / amax may take
+
+
+def _slices(t: torch.Tensor, max_bytes: int | None = None):
+    """Slices of t's first dim of at most max_bytes (default _CHUNK_BYTES) in fp32:
+    encode_codes and the amax widen to fp32, and a whole 64 x 64k cache would be an 8.6 GB
+    temporary per tensor."""
+    max_bytes = _CHUNK_BYTES if max_bytes is None else max_bytes
+    per = max(1, max_bytes // max(1, t[0].numel() * 4)) if t.shape[0] else 1
+    return [slice(i, i + per) for i in range(0, t.shape[0], per)]
+
+
+def _encode_cache(t: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp16 cache (4-D, paged or not) -> (its 8-bit codes as a float8 tensor, the float32
+    [1] descale): a per-tensor scale from its amax, encoded with the library's own
+    encode_codes (what reshape_and_cache stores)."""
+    from ...fa2._serving import KV_CACHE_DTYPES, encode_codes
+
+    amax = torch.zeros((), device=t.device, dtype=torch.float32)
+    for s in _slices(t):  # on the device: no host sync
+        amax = torch.maximum(amax, t[s].abs().amax().float())
+    descale = kv8_descale(amax, kv_dtype).reshape(1)
+    codes = torch.empty(t.shape, device=t.device, dtype=KV8_TORCH_DTYPES[kv_dtype])
+    for s in _slices(t):
+        codes[s] = encode_codes(t[s], KV_CACHE_DTYPES[kv_dtype], descale)
+    return codes, descale
+
+
+def _dequant(t: torch.Tensor, kv_dtype: str, descale: torch.Tensor) -> torch.Tensor:
+    """fp16 values the 8-bit cache holds for t: encode, then codes * descale."""
+    from ...fa2._serving import KV_CACHE_DTYPES, encode_codes
+
+    return (encode_codes(t, KV_CACHE_DTYPES[kv_dtype], descale).float() * descale).half()
+
+
+def _time_like_fp16(name: str, fn, a, notes: list[str], kind: str | None, fp16: dict,
+                    fp16_fn) -> tuple[float | None, str | None, float | None]:
+    """Times an 8-bit call the way its fp16 row was timed (kind: "graph" or "eager"), so
+    the ratio compares like with like. Returns (seconds, how, the fp16 seconds timed that
+    way); a graph capture that fails falls back to eager against fp16 eager (timed here if
+    the row has no eager time). fp16: {"graph": s, "eager": s} of the fp16 call."""
+    if kind is None:
+        return None, None, None
+    if kind == "graph":
+        t = _timed(name, fn, a.iters, a.repeats, True, notes)
+        if t is not None:
+            return t, "graph", fp16.get("graph")
+        notes.append(f"{name}: its time ratio is eager against fp16 eager (CUDA graph "
+                     f"capture failed)")
+    t = _timed(name, fn, a.iters, a.repeats, False, notes)
+    if t is not None and fp16.get("eager") is None:
+        fp16["eager"] = _timed("sm7x eager", fp16_fn, a.iters, a.repeats, False, notes)
+    return t, ("eager" if t is not None else None), fp16.get("eager")
+
+
+def _kv8_formats(a) -> tuple[str, ...]:
+    return tuple(getattr(a, "kv8", ()) or ())
+
+
 def _expand(t: torch.Tensor, shape: Shape) -> torch.Tensor:
     """[b, HK, ...] -> [b, H, ...]: each KV head repeated for its query heads."""
     return t.repeat_interleave(shape.group, dim=1)
@@ -200,8 +265,9 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
     kvb = kv_bytes(batch, kv_len, sh.kv_heads, sh.head_dim)
     row: dict = {"batch": batch, "kv_len": kv_len, "kv_mbytes": kvb / 1e6, "useful_bytes": nbytes}
     need_exp = any(b["gqa"] == "expanded" for b in baselines.values())
+    kv8 = _kv8_formats(a)
     base = cache_bytes(batch, kv_len, a.page_size, expanded=False, shape=sh)
-    full = cache_bytes(batch, kv_len, a.page_size, expanded=need_exp, shape=sh)
+    full = cache_bytes(batch, kv_len, a.page_size, expanded=need_exp, shape=sh, kv8=len(kv8))
     budget = a.budget * free
     row["cache_gb"] = full["total"] / 1e9
     if not fits_budget(base["total"], free, a.budget):
@@ -209,9 +275,18 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
                           f"budget {budget / 1e9:.1f} GB "
                           f"({a.budget:.0%} of {free / 1e9:.1f} GB free)")
         return row
-    use_exp = need_exp and fits_budget(full["total"], free, a.budget)
+    # The 8-bit caches come before the expanded baseline copy: they are what --kv-dtype asked.
+    with8 = cache_bytes(batch, kv_len, a.page_size, shape=sh, kv8=len(kv8))
+    use_kv8 = bool(kv8) and fits_budget(with8["total"], free, a.budget)
+    if kv8 and not use_kv8:
+        row["kv8_skipped"] = (f"caches with {len(kv8)} 8-bit copies need "
+                              f"{with8['total'] / 1e9:.1f} GB > budget {budget / 1e9:.1f} GB")
+        notes.append(f"{row['kv8_skipped']}: the 8-bit rows are skipped")
+    need = cache_bytes(batch, kv_len, a.page_size, expanded=need_exp, shape=sh,
+                       kv8=len(kv8) if use_kv8 else 0)
+    use_exp = need_exp and fits_budget(need["total"], free, a.budget)
     if need_exp and not use_exp:
-        notes.append(f"K/V expanded to {sh.heads} heads would need {full['total'] / 1e9:.1f} GB > "
+        notes.append(f"K/V expanded to {sh.heads} heads would need {need['total'] / 1e9:.1f} GB > "
                      f"budget {budget / 1e9:.1f} GB: the baselines that need it are skipped")
 
     k_c, v_c, k_p, v_p, bt, seqused = _paged_inputs(batch, kv_len, a.page_size, gen, dev, sh)
@@ -260,6 +335,45 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
                                              False, notes)
     except Exception as e:  # noqa: BLE001
         notes.append(f"flash_attn_with_kvcache failed: {_first_line(e)}")
+
+    # 8-bit caches: the same keys, pages, block table and plan, timed as the fp16 row was;
+    # each copy lives in kv8_one only (freed before the next and before the baselines).
+    fp16_kind = "graph" if times.get("sm7x") else ("eager" if times.get("sm7x_eager") else None)
+    fp16_t = {"graph": times.get("sm7x"), "eager": times.get("sm7x_eager")}
+
+    def kv8_one(fmt: str, n8: int) -> dict:
+        (k8, dk), (v8, dv) = _encode_cache(k_p, fmt), _encode_cache(v_p, fmt)
+        out8 = torch.empty_like(q)
+
+        def call8():
+            return flash_attn_varlen_func(q, k8, v8, cu_q, None, 1, kv_len, causal=True,
+                                          block_table=bt, seqused_k=seqused, out=out8,
+                                          scheduler_metadata=plan, k_descale=dk, v_descale=dv,
+                                          kv_cache_dtype=fmt)
+
+        call8()
+        # Against a reference over the values the codes stand for, one sequence at a time
+        # (no full-size dequantized copy); diff_vs_fp16: how far quantization moved it.
+        diff = max(_max_diff(out8[i:i + 1], _decode_reference(
+            q[i:i + 1], _dequant(k_c[i:i + 1], fmt, dk), _dequant(v_c[i:i + 1], fmt, dv)))
+            for i in range(batch))
+        vs16 = _max_diff(out8, ours)
+        t8, how, t16 = _time_like_fp16(f"sm7x {fmt}", call8, a, notes, fp16_kind, fp16_t, sm7x)
+        return {"us": None if t8 is None else t8 * 1e6, "gbps": gbps(n8, t8), "timing": how,
+                "time_ratio": time_ratio(t8, t16), "max_abs_diff": diff, "diff_vs_fp16": vs16}
+
+    for fmt in kv8:
+        p = f"sm7x_{fmt}"
+        n8 = useful_bytes(batch, kv_len, shape=sh, kv_dtype=fmt)
+        row.update({f"{p}_useful_bytes": n8, f"{p}_us": None, f"{p}_gbps": None,
+                    f"{p}_time_ratio": None, f"{p}_timing": None, f"{p}_max_abs_diff": None,
+                    f"{p}_diff_vs_fp16": None})
+        if not use_kv8 or ours is None:
+            continue
+        try:
+            row.update({f"{p}_{k}": v for k, v in kv8_one(fmt, n8).items()})
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"sm7x {fmt} failed: {_first_line(e)}")
 
     qs = q.unsqueeze(2)  # [b, H, 1, D]
     k_e = v_e = None
@@ -315,10 +429,17 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
     flops = prefill_flops(batch, new, prefix, sh.heads, sh.head_dim)
     row: dict = {"batch": batch, "q_len": new, "prefix": prefix, "kv_len": lk, "flops": flops}
     need_exp = any(b["gqa"] == "expanded" for b in baselines.values())
+    kv8 = _kv8_formats(a)
     need = cache_bytes(batch, lk, a.page_size, expanded=need_exp, shape=sh)["total"]
     if not fits_budget(need, free, a.budget):
         row["skipped"] = f"caches need {need / 1e9:.1f} GB > budget {a.budget * free / 1e9:.1f} GB"
         return row
+    need8 = cache_bytes(batch, lk, a.page_size, expanded=need_exp, shape=sh, kv8=len(kv8))["total"]
+    use_kv8 = bool(kv8) and fits_budget(need8, free, a.budget)
+    if kv8 and not use_kv8:
+        row["kv8_skipped"] = (f"caches with {len(kv8)} 8-bit copies need {need8 / 1e9:.1f} GB > "
+                              f"budget {a.budget * free / 1e9:.1f} GB")
+        notes.append(f"{row['kv8_skipped']}: the 8-bit rows are skipped")
     k_c, v_c, k_p, v_p, bt, seqused = _paged_inputs(batch, lk, a.page_size, gen, dev, sh)
     q = torch.randn(batch * new, sh.heads, sh.head_dim, device=dev, dtype=torch.float16,
                     generator=gen)
@@ -347,6 +468,40 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
         notes.append(f"sm7x failed: {_first_line(e)}")
 
     qs = q.view(batch, new, sh.heads, sh.head_dim).transpose(1, 2)  # [b, H, new, D]
+    # sm7x paged over an 8-bit prefix: same pages, block table and plan, timed as fp16 was.
+    fp16_t = {row.get("sm7x_timing"): times.get("sm7x")}
+
+    def kv8_one(fmt: str) -> dict:
+        (k8, dk), (v8, dv) = _encode_cache(k_p, fmt), _encode_cache(v_p, fmt)
+        out8 = torch.empty_like(q)
+
+        def call8():
+            return flash_attn_varlen_func(q, k8, v8, cu_q, None, new, lk, causal=True,
+                                          block_table=bt, seqused_k=seqused, out=out8,
+                                          scheduler_metadata=plan, k_descale=dk, v_descale=dv,
+                                          kv_cache_dtype=fmt)
+
+        call8()
+        diff = _prefill_kv8_diff(out8.view(batch, new, sh.heads, sh.head_dim), qs, k_c, v_c,
+                                 fmt, dk, dv, prefix)
+        vs16 = _max_diff(out8, ours)
+        t8, how, t16 = _time_like_fp16(f"sm7x {fmt}", call8, a, notes, row.get("sm7x_timing"),
+                                       fp16_t, sm7x)
+        return {"us": None if t8 is None else t8 * 1e6,
+                "tflops": None if not t8 else flops / t8 / 1e12, "timing": how,
+                "time_ratio": time_ratio(t8, t16), "max_abs_diff": diff, "diff_vs_fp16": vs16}
+
+    for fmt in kv8:
+        p = f"sm7x_{fmt}"
+        row.update({f"{p}_us": None, f"{p}_tflops": None, f"{p}_time_ratio": None,
+                    f"{p}_timing": None, f"{p}_max_abs_diff": None, f"{p}_diff_vs_fp16": None})
+        if not use_kv8 or ours is None:
+            continue
+        try:
+            row.update({f"{p}_{k}": v for k, v in kv8_one(fmt).items()})
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"sm7x {fmt} failed: {_first_line(e)}")
+
     mask = _bottom_right_mask(new, lk, dev)
     lr = _causal_lr(new, lk)
     diffs: dict[str, float] = {}
@@ -391,6 +546,23 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
     return row
 
 
+def _prefill_kv8_diff(o8, qs, k_c, v_c, fmt, dk, dv, prefix: int, chunk: int = 128) -> float:
+    """Max abs diff of the 8-bit prefill output o8 [b, new, H, D] against the fp32
+    reference over the dequantized keys, per sequence and per chunk of queries (queries
+    [s, e) are the last e - s of a prefix + e key sequence: bottom-right alignment holds
+    on the truncated keys; keeps the score matrix small)."""
+    worst = 0.0
+    for i in range(qs.shape[0]):
+        kd = _dequant(k_c[i:i + 1], fmt, dk)
+        vd = _dequant(v_c[i:i + 1], fmt, dv)
+        for s in range(0, qs.shape[2], chunk):
+            e = min(s + chunk, qs.shape[2])
+            ref = _reference(qs[i:i + 1, :, s:e], kd[:, :, :prefix + e], vd[:, :, :prefix + e],
+                             causal=True)
+            worst = max(worst, _max_diff(o8[i, s:e], ref[0].transpose(0, 1)))
+    return worst
+
+
 def _copy_bandwidth(nbytes: int, iters: int, repeats: int) -> float:
     # Eager: a device-to-device copy_ captured in a CUDA graph becomes a memcpy node that
     # ran at about 2.8 TB/s on the H200 (the copy engine), against about 4.2 TB/s eager:
@@ -405,15 +577,16 @@ def _copy_bandwidth(nbytes: int, iters: int, repeats: int) -> float:
 def run(batches=DEFAULT_BATCHES, lens=DEFAULT_LENS, prefill_batches=DEFAULT_PREFILL_BATCHES,
         iters: int = 20, repeats: int = 10, budget: float = 0.4, page_size: int = PAGE_SIZE,
         num_splits: int = 0, seed: int = 0, result: dict | None = None,
-        shape: Shape = DEFAULT_SHAPE) -> dict:
+        shape: Shape = DEFAULT_SHAPE, kv_dtypes=("fp16",)) -> dict:
     """Fills and returns `result` (pass a dict to keep what was measured when a later step
-    raises)."""
+    raises). kv_dtypes: the cache formats (fp16 always runs; each 8-bit one adds its rows)."""
     import argparse
 
     from ...fa2 import _loader
 
+    kv8 = tuple(f for f in kv_dtypes if f != "fp16")
     a = argparse.Namespace(iters=iters, repeats=repeats, budget=budget, page_size=page_size,
-                           num_splits=num_splits, shape=shape)
+                           num_splits=num_splits, shape=shape, kv8=kv8)
     dev = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", 0) or 0
@@ -448,6 +621,13 @@ def run(batches=DEFAULT_BATCHES, lens=DEFAULT_LENS, prefill_batches=DEFAULT_PREF
                   "baseline really reads more"),
         "results": [], "prefill": [], "notes": [], "warnings": [],
     })
+    if kv8:  # only then: a default run's JSON keeps its fields
+        result["config"]["kv_dtypes"] = ["fp16", *kv8]
+        result["config"]["kv8_scale"] = ("per tensor (K and V each): descale = amax / the "
+                                         "format's largest value; codes from "
+                                         "sm7x.fa2._serving.encode_codes of the fp16 cache")
+        result["bytes_8bit"] = ("8-bit rows: K and V at 1 byte an element (batch * kv_len * "
+                                "kv_heads * head_dim * 2) + q + out in fp16")
     _free_cuda()
     free0, _ = torch.cuda.mem_get_info(dev)
     copy_bytes = int(min(COPY_BYTES, 0.2 * free0)) // 4 * 4
@@ -469,18 +649,23 @@ def run(batches=DEFAULT_BATCHES, lens=DEFAULT_LENS, prefill_batches=DEFAULT_PREF
     _free_cuda()
 
     gen = torch.Generator(device=dev).manual_seed(seed)
+    if kv8:
+        print("under each row, per 8-bit format: sm7x over an 8-bit copy of its paged cache: "
+              "KV MB, us, GB/s of the bytes it reads, step time over the fp16 sm7x row's",
+              flush=True)
     print(DECODE_HEADER, flush=True)
     for batch in batches:
         for kv_len in lens:
             _free_cuda()
             free, _ = torch.cuda.mem_get_info(dev)
             row = _decode_row(batch, kv_len, a, result["baselines"]["decode"], free, gen, dev, l2)
-            if row.get("sm7x_gbps") and result["copy"]["gbps"]:
-                row["frac_of_copy"] = row["sm7x_gbps"] / result["copy"]["gbps"]
+            fill_frac_of_copy(row, result["copy"]["gbps"], kv8)
             result["results"].append(row)
             if result["library"] is None and _loader.loaded():
                 result["library"] = {k: str(p) for k, p in _loader.loaded().items()}
             print(format_decode_row(row), flush=True)
+            for line in format_kv8_lines(row, kv8):
+                print(line, flush=True)
     _free_cuda()
 
     if prefill_batches:
@@ -491,6 +676,8 @@ def run(batches=DEFAULT_BATCHES, lens=DEFAULT_LENS, prefill_batches=DEFAULT_PREF
         row = _prefill_row(batch, a, result["baselines"]["prefill"], free, gen, dev)
         result["prefill"].append(row)
         print(format_prefill_row(row), flush=True)
+        for line in format_kv8_lines(row, kv8, prefill=True):
+            print(line, flush=True)
     _free_cuda()
 
     result["copy"]["samples_gbps"].append(_copy_bandwidth(copy_bytes, iters, repeats))
