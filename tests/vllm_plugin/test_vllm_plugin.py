@@ -6,6 +6,7 @@ the kernel op replaced by a float32 reference (sm7x.fa2's Python path runs uncha
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import types
@@ -142,7 +143,7 @@ def test_explicit_backend_is_vllms_business(on_gpu, fa2_libraries, monkeypatch):
 
 @pytest.mark.parametrize("change, why", [
     (dict(dtype=torch.bfloat16), "--dtype float16"),
-    (dict(kv_cache_dtype="fp8"), "--kv-cache-dtype auto"),
+    (dict(kv_cache_dtype="int8_per_token_head"), "--kv-cache-dtype auto, fp8"),
     (dict(head_size=100), "head size 100"),
     (dict(has_sink=True), "sinks"),
     (dict(use_mla=True), "MLA"),
@@ -242,7 +243,13 @@ def test_test_aid_forced_library_must_be_installed(on_gpu, custom_backend_clear,
 
 def test_backend_declarations():
     assert Backend.supported_dtypes == [F16]
-    assert set(Backend.supported_kv_cache_dtypes) == {"auto", "float16"}
+    assert set(Backend.supported_kv_cache_dtypes) == {"auto", "float16", "fp8", "fp8_e4m3",
+                                                      "fp8_e5m2"}
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert Backend.supports_kv_cache_dtype(name)
+    assert not Backend.supports_kv_cache_dtype("int8_per_token_head")
+    # sm7x.ops.reshape_and_cache writes with one scale per tensor
+    assert not Backend.supports_per_head_quant_scales()
     assert Backend.supports_sliding_window()
     assert not Backend.supports_sink() and not Backend.is_mla()
     assert Backend.forward_includes_kv_cache_update is False
@@ -265,7 +272,7 @@ def impl(**kw):
 
 
 @pytest.mark.parametrize("change, exc, match", [
-    (dict(kv_cache_dtype="fp8"), ValueError, "--kv-cache-dtype auto"),
+    (dict(kv_cache_dtype="int8_per_token_head"), ValueError, "--kv-cache-dtype auto, fp8"),
     (dict(kv_cache_dtype="bfloat16"), ValueError, "--kv-cache-dtype auto"),
     (dict(alibi_slopes=[1.0] * 8), NotImplementedError, "ALiBi"),
     (dict(sinks=torch.zeros(8)), NotImplementedError, "sinks"),
@@ -298,7 +305,8 @@ def test_impl_options():
 # the KV cache as vLLM allocates it
 
 
-def vllm_kv_cache(num_blocks, block_size, hk, d, layout="NHD", monkeypatch=None):
+def vllm_kv_cache(num_blocks, block_size, hk, d, layout="NHD", monkeypatch=None,
+                  dtype=F16):
     """One layer's cache the way vLLM's model runner makes it: memory in the physical
     order, handed to the backend as the logical [blocks, heads, tokens, 2D] view. 0.26
     asks the backend for shape and order; 0.33's logical shape is fixed and the layout
@@ -315,7 +323,7 @@ def vllm_kv_cache(num_blocks, block_size, hk, d, layout="NHD", monkeypatch=None)
         assert Backend.supported_kv_cache_layouts() is None  # any layout
         shape = (num_blocks, hk, block_size, 2 * d)
         order = (KVCacheLayout.LBNHC if layout == "NHD" else KVCacheLayout.LBHNC).layer_view_order
-    physical = torch.zeros([shape[i] for i in order], dtype=F16)
+    physical = torch.zeros([shape[i] for i in order], dtype=dtype)
     inverse = [order.index(i) for i in range(4)]
     kv = physical.permute(*inverse)
     assert kv.shape == shape
@@ -433,16 +441,23 @@ class ReferenceOps:
     def fwd_serving(self, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
                     cu_seqlens_k, block_table, cache_batch_idx, leftpad, partitions,
                     split_offsets, o_accum, lse_accum, max_seqlen_q, seqlen_k_bound,
-                    seqused_add, scale, causal, left, right, softcap):
+                    seqused_add, scale, causal, left, right, softcap, kv_format, k_descale,
+                    v_descale):
         self.calls += 1
+        self.kv_format = kv_format
         ps = k_cache.shape[1]
+        codes = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}.get(kv_format)
         for b in range(cu_seqlens_q.shape[0] - 1):
             q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
             n = int(seqused_k[b])
             pos = torch.arange(n)
             pages = block_table[b].long()[pos // ps]
-            k = k_cache[pages, pos % ps].float()  # [n, hk, d]
-            v = v_cache[pages, pos % ps].float()
+            k = k_cache[pages, pos % ps]  # [n, hk, d]
+            v = v_cache[pages, pos % ps]
+            if codes is not None:  # an 8-bit cache: codes x descale
+                k = k.view(torch.uint8).view(codes).float() * k_descale.float()
+                v = v.view(torch.uint8).view(codes).float() * v_descale.float()
+            k, v = k.float(), v.float()
             out[q0:q1] = reference(q[q0:q1].float(), k, v, scale, left, right, softcap).to(out.dtype)
 
 
@@ -520,10 +535,66 @@ def test_forward_mixed_batch_gqa(reference_kernel, monkeypatch, on_gpu, window, 
     assert torch.isnan(output[m.num_actual_tokens:]).all()  # padding rows untouched
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_forward_over_an_fp8_cache(reference_kernel, monkeypatch, on_gpu, kv_cache_dtype):
+    """--kv-cache-dtype fp8*: vLLM allocates the cache as uint8 and gives each layer float32
+    _k_scale / _v_scale; do_kv_cache_update stores codes of x / scale (sm7x.ops, CPU here)
+    and forward hands the kernel op the codes, the format and the scales: the result is
+    attention over the dequantized cache, and within the format's error of the fp16 one."""
+    pytest.importorskip("sm7x._core_loader").load()
+    on_gpu(7, 5)
+    h, hk, d, bs = 8, 2, 64, 16
+    query_lens, seq_lens = [5, 1, 1], [5, 40, 23]
+    m = common_metadata(query_lens, seq_lens, block_size=bs, max_blocks=3, seed=5)
+    g = torch.Generator().manual_seed(2)
+    keys = [torch.randn(n, hk, d, generator=g).to(F16) * 3 for n in seq_lens]
+    vals = [torch.randn(n, hk, d, generator=g).to(F16) for n in seq_lens]
+    qs = [torch.randn(ql, h, d, generator=g).to(F16) for ql in query_lens]
+    kv = vllm_kv_cache(m.block_table_tensor.numel(), bs, hk, d, "NHD", monkeypatch,
+                       dtype=torch.uint8)
+    layer_impl = impl(num_heads=h, num_kv_heads=hk, head_size=d, scale=d ** -0.5,
+                      kv_cache_dtype=kv_cache_dtype)
+    layer = types.SimpleNamespace(_k_scale=torch.tensor(0.05), _v_scale=torch.tensor(0.01))
+    bt = m.block_table_tensor
+    slots = torch.tensor([int(bt[r, p // bs]) * bs + p % bs
+                          for r, n in enumerate(seq_lens) for p in range(n)], dtype=torch.int64)
+    layer_impl.do_kv_cache_update(layer, torch.cat(keys), torch.cat(vals), kv, slots)
+    md = builder().build(0, m)
+    query = torch.cat(qs)
+    output = torch.full((query.shape[0], h, d), float("nan"), dtype=F16)
+    layer_impl.forward(layer, query, None, None, kv, md, output)
+    assert reference_kernel.calls == 1 and reference_kernel.kv_format == (
+        2 if kv_cache_dtype == "fp8_e5m2" else 1)
+    codes = torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
+    big = torch.finfo(codes).max
+
+    def stored(x, scale):  # what the cache holds, dequantized
+        return (x.float() / scale).clamp(-big, big).to(codes).float() * scale
+
+    last = [0, *itertools.accumulate(query_lens)]
+    for i, (q, k, v) in enumerate(zip(qs, keys, vals)):
+        got = output[last[i]:last[i + 1]].float()
+        want = reference(q.float(), stored(k, 0.05), stored(v, 0.01), d ** -0.5)
+        assert (got - want).abs().max().item() < 2e-3
+        exact = reference(q.float(), k.float(), v.float(), d ** -0.5)
+        # the format's error (2^-mantissa of the largest value), not a lost scale
+        bound = 2.0 ** -(2 if kv_cache_dtype == "fp8_e5m2" else 3) * v.float().abs().max()
+        assert (got - exact).abs().max().item() < bound
+
+
 def test_profiling_run_without_metadata():
     out = torch.full((4, 8, 64), 7.0, dtype=F16)
     assert impl().forward(None, out, None, None, torch.empty(0), None, out) is out
     assert (out == 0).all()
+
+
+def test_fp8_cache_of_the_wrong_dtype_is_refused(on_gpu):
+    kv = torch.zeros(2, 2, 16, 128, dtype=F16)
+    md = builder().build(0, common_metadata([1], [3]))
+    layer = types.SimpleNamespace(_k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0))
+    with pytest.raises(TypeError, match="stores 1-byte codes"):
+        impl(kv_cache_dtype="fp8").forward(layer, torch.zeros(1, 8, 64, dtype=F16), None,
+                                           None, kv, md, torch.zeros(1, 8, 64, dtype=F16))
 
 
 def test_forward_refuses_bf16_cache(on_gpu):

@@ -31,8 +31,11 @@ def is_kernel_block_size(block_size: int) -> bool:
     return block_size >= 16 and block_size & (block_size - 1) == 0
 
 
-# Cache dtypes ("--kv-cache-dtype") stored as float16, the only dtype the kernels read.
+# Cache dtypes ("--kv-cache-dtype") the kernels read: float16, and vLLM's 8-bit fp8
+# caches (uint8 tensors of E4M3 or E5M2 codes holding x / layer._k_scale; "fp8" is E4M3).
 FP16_KV_CACHE_DTYPES = ("auto", "float16")
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPES = FP16_KV_CACHE_DTYPES + FP8_KV_CACHE_DTYPES
 
 
 @dataclass
@@ -56,54 +59,79 @@ class Sm7xAttentionMetadata:
     plan: fa2.DecodePlan | None = None
 
 
-def kv_cache_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _is_fp8(kv_cache_dtype: str) -> bool:
+    return kv_cache_dtype in FP8_KV_CACHE_DTYPES
+
+
+def kv_cache_views(kv_cache: torch.Tensor, head_size: int,
+                   kv_cache_dtype: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's packed per-layer cache -> (key_cache, value_cache), each ``[num_blocks,
-    block_size, num_kv_heads, head_size]``: views, nothing is copied."""
+    block_size, num_kv_heads, head_size]``: views, nothing is copied. float16, or with an
+    fp8 ``kv_cache_dtype`` the one-byte codes (uint8, as vLLM allocates them)."""
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4 \
             or kv_cache.shape[-1] != 2 * head_size:
         shape = tuple(kv_cache.shape) if isinstance(kv_cache, torch.Tensor) else type(kv_cache)
         raise ValueError(
             f"sm7x vLLM backend: kv_cache must be vLLM's packed cache [num_blocks, "
             f"num_kv_heads, block_size, 2 * head_size={2 * head_size}], got {shape}")
-    if kv_cache.dtype != torch.float16:
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"sm7x vLLM backend: --kv-cache-dtype {kv_cache_dtype} is not "
+                         f"supported; use one of {', '.join(KV_CACHE_DTYPES)}")
+    want = (torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2) if _is_fp8(kv_cache_dtype) \
+        else (torch.float16,)
+    if kv_cache.dtype not in want:
         raise TypeError(
-            f"sm7x vLLM backend: the KV cache is {kv_cache.dtype}, but the sm7x kernels read "
-            f"float16 only: run vLLM with --kv-cache-dtype auto and --dtype float16")
+            f"sm7x vLLM backend: the KV cache is {kv_cache.dtype}, but --kv-cache-dtype "
+            f"{kv_cache_dtype} stores {'1-byte codes' if len(want) > 1 else 'float16'}: run "
+            f"vLLM with --dtype float16 and --kv-cache-dtype auto or fp8 / fp8_e5m2")
     key_cache, value_cache = kv_cache.transpose(1, 2).split(head_size, dim=-1)
     return key_cache, value_cache
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor, head_size: int) -> None:
+                   slot_mapping: torch.Tensor, head_size: int, kv_cache_dtype: str = "auto",
+                   k_scale: torch.Tensor | None = None,
+                   v_scale: torch.Tensor | None = None) -> None:
     """Writes the new tokens' ``key``/``value`` ``[num_tokens, num_kv_heads, head_size]``
     into the cache at ``slot_mapping`` (slot = block * block_size + offset; negative slots
     are padding and skipped). vLLM may pass more key rows than slots (padded batches):
     only the first ``len(slot_mapping)`` are written. One sm7x.ops.reshape_and_cache call,
-    which takes the strided cache views and runs inside CUDA graphs."""
-    key_cache, value_cache = kv_cache_views(kv_cache, head_size)
+    which takes the strided cache views and runs inside CUDA graphs. An fp8 cache stores
+    ``x / k_scale`` (``v_scale``) as codes: vLLM's layer._k_scale / _v_scale, one value."""
+    key_cache, value_cache = kv_cache_views(kv_cache, head_size, kv_cache_dtype)
     n = slot_mapping.shape[0]
     if key.shape[0] < n or value.shape[0] < n:
         raise ValueError(
             f"sm7x vLLM backend: slot_mapping has {n} slots but key/value hold "
             f"{key.shape[0]}/{value.shape[0]} tokens")
-    ops.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, slot_mapping)
+    if _is_fp8(kv_cache_dtype):
+        ops.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, slot_mapping,
+                              kv_cache_dtype, k_scale, v_scale)
+    else:
+        ops.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, slot_mapping)
 
 
 def attention(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
               metadata: Sm7xAttentionMetadata, *, head_size: int, scale: float,
-              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> torch.Tensor:
+              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+              kv_cache_dtype: str = "auto", k_scale: torch.Tensor | None = None,
+              v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of ``query [num_tokens, num_heads, head_size]`` over the paged
     cache, written into ``output`` (same shape) for the first ``num_actual_tokens`` rows;
-    returns ``output``. GQA: num_heads a multiple of the cache's num_kv_heads."""
-    key_cache, value_cache = kv_cache_views(kv_cache, head_size)
+    returns ``output``. GQA: num_heads a multiple of the cache's num_kv_heads. An fp8
+    cache is read as codes x k_scale / v_scale (on the device: the scales may change
+    after a CUDA graph was captured)."""
+    key_cache, value_cache = kv_cache_views(kv_cache, head_size, kv_cache_dtype)
     n = metadata.num_actual_tokens
+    fp8 = dict(k_descale=k_scale, v_descale=v_scale, kv_cache_dtype=kv_cache_dtype) \
+        if _is_fp8(kv_cache_dtype) else {}
     fa2.flash_attn_varlen_func(
         query[:n], key_cache, value_cache,
         cu_seqlens_q=metadata.query_start_loc, cu_seqlens_k=None,
         max_seqlen_q=metadata.max_query_len, max_seqlen_k=metadata.max_seq_len,
         softmax_scale=scale, causal=True, window_size=window_size, softcap=softcap,
         block_table=metadata.block_table, seqused_k=metadata.seq_lens, out=output[:n],
-        scheduler_metadata=metadata.plan)
+        scheduler_metadata=metadata.plan, **fp8)
     return output
 
 

@@ -67,9 +67,10 @@ def dtype_reason(dtype: torch.dtype | None, kv_cache_dtype: str | None) -> str |
     if dtype is not None and dtype != torch.float16:
         return (f"sm7x: model dtype {str(dtype).replace('torch.', '')} is not supported: "
                 f"Volta/Turing have float16 tensor cores only; run vLLM with --dtype float16")
-    if kv_cache_dtype is not None and kv_cache_dtype not in _compute.FP16_KV_CACHE_DTYPES:
+    if kv_cache_dtype is not None and kv_cache_dtype not in _compute.KV_CACHE_DTYPES:
         return (f"sm7x: KV cache dtype {kv_cache_dtype} is not supported (the kernels read "
-                f"float16 caches); run vLLM with --kv-cache-dtype auto (and --dtype float16)")
+                f"float16 and fp8 caches); run vLLM with --kv-cache-dtype auto, fp8 (e4m3) or "
+                f"fp8_e5m2 (and --dtype float16)")
     return None
 
 
@@ -77,7 +78,7 @@ class Sm7xFlashAttentionBackend(AttentionBackend):
     """FlashAttention-2 for Volta and Turing (sm7x.fa2) as a vLLM attention backend."""
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = list(_compute.FP16_KV_CACHE_DTYPES)
+    supported_kv_cache_dtypes: ClassVar[list[str]] = list(_compute.KV_CACHE_DTYPES)
     # vLLM writes the cache through do_kv_cache_update before forward.
     forward_includes_kv_cache_update: bool = False
 
@@ -139,7 +140,7 @@ class Sm7xFlashAttentionBackend(AttentionBackend):
         if not _compute.is_kernel_block_size(block_size):
             raise ValueError(f"sm7x: kernel block size {block_size} is not a power of two "
                              f">= 16; run vLLM with --block-size 16")
-        if cache_dtype_str not in _compute.FP16_KV_CACHE_DTYPES:
+        if cache_dtype_str not in _compute.KV_CACHE_DTYPES:
             raise ValueError(dtype_reason(None, cache_dtype_str))
         return (num_blocks, num_kv_heads, block_size, 2 * head_size)
 
@@ -282,7 +283,15 @@ class Sm7xFlashAttentionImpl(AttentionImpl[Sm7xAttentionMetadata]):
 
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        _compute.write_kv_cache(key, value, kv_cache, slot_mapping, self.head_size)
+        _compute.write_kv_cache(key, value, kv_cache, slot_mapping, self.head_size,
+                                self.kv_cache_dtype, *self._scales(layer))
+
+    def _scales(self, layer) -> tuple:
+        """vLLM's per-layer fp8 scales (float32 tensors: 1.0 unless the checkpoint or
+        --calculate-kv-scales sets them, in place), or (None, None) for a float16 cache."""
+        if self.kv_cache_dtype not in _compute.FP8_KV_CACHE_DTYPES:
+            return None, None
+        return layer._k_scale, layer._v_scale
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: Sm7xAttentionMetadata | None,
@@ -293,7 +302,10 @@ class Sm7xFlashAttentionImpl(AttentionImpl[Sm7xAttentionMetadata]):
                                       "supported")
         if attn_metadata is None:  # vLLM's memory-profiling run: no cache yet
             return output.fill_(0)
+        k_scale, v_scale = self._scales(layer)
         return _compute.attention(query, kv_cache, output, attn_metadata,
                                   head_size=self.head_size, scale=self.scale,
                                   window_size=self.sliding_window,
-                                  softcap=self.logits_soft_cap)
+                                  softcap=self.logits_soft_cap,
+                                  kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale,
+                                  v_scale=v_scale)
