@@ -43,9 +43,12 @@ int serving_from(const FwdParams& p, bool wide, cudaStream_t stream) {
   if constexpr (I == kNumHeadDims) {
     return static_cast<int>(cudaErrorInvalidValue);
   } else {
-    if (p.head_dim <= kCompiledHeadDims[I])
-      return wide ? run_serving_wide<kCompiledHeadDims[I]>(p, stream)
-                  : run_serving<kCompiledHeadDims[I]>(p, stream);
+    constexpr int D = kCompiledHeadDims[I];
+    if (p.head_dim <= D) {
+      if (p.kv_format != kKvF16)
+        return wide ? run_serving_wide_kv8<D>(p, stream) : run_serving_kv8<D>(p, stream);
+      return wide ? run_serving_wide<D>(p, stream) : run_serving<D>(p, stream);
+    }
     return serving_from<I + 1>(p, wide, stream);
   }
 }

@@ -79,6 +79,7 @@ struct FwdParams {
   // of sequence b, kv head hk is code x k_descale[b * k_descale_stride[0] + hk *
   // k_descale_stride[1]] (null: 1), likewise V; both fold into the softmax scale and 1 / l.
   int kv_format;
+  bool kv_align16;  // 8-bit caches: both caches' rows (and pages) start 16-byte aligned
   const float* k_descale;
   const float* v_descale;
   int64_t k_descale_stride[2], v_descale_stride[2];
@@ -118,6 +119,12 @@ template <int kHeadDim>
 int run_serving(const FwdParams& p, cudaStream_t stream);
 template <int kHeadDim>  // the prefill tiles: more than kServingWideRows rows
 int run_serving_wide(const FwdParams& p, cudaStream_t stream);
+// The same two over an 8-bit cache (kv_format != kKvF16): their own instantiations, so
+// the fp16 kernels carry nothing of the 8-bit path.
+template <int kHeadDim>
+int run_serving_kv8(const FwdParams& p, cudaStream_t stream);
+template <int kHeadDim>
+int run_serving_wide_kv8(const FwdParams& p, cudaStream_t stream);
 int serving(const FwdParams& p, cudaStream_t stream);
 // Resident CTAs per SM of each instantiation on the current device (0 on error): the
 // split planner's CTA slots are SMs x this.
@@ -125,6 +132,10 @@ template <int kHeadDim>
 int occupancy_serving();
 template <int kHeadDim>
 int occupancy_serving_wide();
+template <int kHeadDim>
+int occupancy_serving_kv8();
+template <int kHeadDim>
+int occupancy_serving_wide_kv8();
 int serving_ctas_per_sm(int head_dim, bool wide);
 // Merges the split partials of the sequences with several partitions (serving.cu).
 int run_combine(const FwdParams& p, cudaStream_t stream);

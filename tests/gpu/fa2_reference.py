@@ -4,6 +4,7 @@ arch's test module runs over its own grid (`tag` names the arch in the record)."
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 
@@ -241,6 +242,24 @@ def report_worst(title):
 # ---------------------------------------------------------------------------------------
 # Serving (paged KV cache, decode, split-KV, kv-cache append with rotary): cache builders
 # and references, used by test_fa2_serving.py. Pure torch; `device` defaults to CUDA.
+
+
+def gen(seed, device="cuda"):
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def i32(values, device="cuda"):
+    return torch.tensor(list(values), dtype=torch.int32, device=device)
+
+
+def cu_seqlens(lens, device="cuda"):
+    """int32 [len(lens) + 1] prefix sums: the cu_seqlens of sequences of these lengths."""
+    return i32([0, *itertools.accumulate(lens)], device)
+
+
+def random_lens(n, lo, hi, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
 
 
 def ceil_div(a: int, b: int) -> int:

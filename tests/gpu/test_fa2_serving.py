@@ -37,9 +37,9 @@ import sm7x.fa2 as fa2  # noqa: E402
 from sm7x.fa2 import (  # noqa: E402
     flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode)
 from fa2_reference import (  # noqa: E402
-    _compare, _record, apply_rotary, ceil_div, contiguous_from_paged, gather_paged,
-    packed_to_batched, paged_cache, paged_rows, reference, reference_seqs, report_worst,
-    rotary_tables)
+    _compare, _record, apply_rotary, ceil_div, contiguous_from_paged, cu_seqlens, gather_paged,
+    gen, i32, packed_to_batched, paged_cache, paged_rows, random_lens, reference,
+    reference_seqs, report_worst, rotary_tables)
 
 pytestmark = pytest.mark.gpu
 
@@ -56,25 +56,8 @@ VALUE_ERRORS = (RuntimeError, ValueError)
 # helpers
 
 
-def gen(seed):
-    return torch.Generator(device=DEV).manual_seed(seed)
-
-
 def randn(*shape, g):
     return torch.randn(*shape, device=DEV, dtype=F16, generator=g)
-
-
-def i32(values):
-    return torch.tensor(list(values), dtype=I32, device=DEV)
-
-
-def cu_seqlens(lens):
-    return i32([0, *itertools.accumulate(lens)])
-
-
-def random_lens(n, lo, hi, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
 
 
 def check_empty_rows(out_rows, lse_rows=None):
@@ -848,7 +831,8 @@ def _fwd_serving(ops, *, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
     empty = torch.empty(0, dtype=torch.float32, device=DEV)
     return ops.fwd_serving(q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k, None,
                            block_table, None, None, partitions, split_offsets, empty, empty,
-                           max_seqlen_q, max_seqlen_k, 0, softmax_scale, causal, -1, -1, 0.0)
+                           max_seqlen_q, max_seqlen_k, 0, softmax_scale, causal, -1, -1, 0.0,
+                           0, None, None)
 
 
 def check_direct_op_rejects(ops):

@@ -18,7 +18,7 @@ SASS = """
 
 def test_tile_loop_is_the_backward_branch_span():
     (name, insns), = kernels.sass_functions(SASS).items()
-    assert kernels.kernel_key(name) == (64, 64, 64, False)
+    assert kernels.kernel_key(name) == (64, 64, 64, False, False)
     assert kernels.kernel_threads(name) == 128
     body = kernels.tile_loop(insns)
     assert [op for _, op, _ in body] == ["LDS.U.128", "HMMA.884.F32.F32.STEP0", "STS.64",
@@ -31,22 +31,27 @@ def test_tile_loop_is_the_backward_branch_span():
 def test_kernel_threads_follow_the_warp_rows_of_the_name():
     # sm75 d=128 128x32 tile, 32 rows per warp: 4 warps; its wide serving kernel: 16 rows, 8 warps
     name = "_ZN4sm7x3fa24sm7510fwd_kernelINS1_9FwdConfigILi128ELi128ELi32ELNS0_10KvPrefetchE2ELb0ELi32EEELb{}EEEvNS0_9FwdParamsE"
-    assert kernels.kernel_key(name.format(0)) == (128, 128, 32, False)
+    assert kernels.kernel_key(name.format(0)) == (128, 128, 32, False, False)
     assert kernels.kernel_threads(name.format(0)) == 128
     wide = name.format(1).replace("ELi32EEE", "ELi16EEE")
-    assert kernels.kernel_key(wide) == (128, 128, 32, True)
+    assert kernels.kernel_key(wide) == (128, 128, 32, True, False)
     assert kernels.kernel_threads(wide) == 256
     assert kernels.kernel_key("_ZN4sm7x3fa212run_combineEv") is None
+    # the kernels' KV8 argument (8-bit caches), mangled after SERVING
+    kv8 = wide.replace("ELb1EEEv", "ELb1ELb1EEEv")
+    assert kernels.kernel_key(kv8) == (128, 128, 32, True, True)
+    assert kernels.kernel_key(wide.replace("ELb1EEEv", "ELb1ELb0EEEv")) == (128, 128, 32, True, False)
+    assert kernels.kernel_threads(kv8) == 256
     # a library built before warp_rows existed: no last argument, 16 rows per warp
     old = "_ZN4sm7x3fa24sm7510fwd_kernelINS1_9FwdConfigILi128ELi128ELi64ELNS0_10KvPrefetchE1ELb1EEELb0EEEvNS0_9FwdParamsE"
-    assert kernels.kernel_key(old) == (128, 128, 64, False)
+    assert kernels.kernel_key(old) == (128, 128, 64, False, False)
     assert kernels.kernel_threads(old) == 256
 
 
 def test_kernel_threads_count_the_dim_split_of_the_name():
     # sm75 d=256 64x32, 16 rows per warp, two warps per row slice (dim_split 2): 8 warps
     name = "_ZN4sm7x3fa24sm7510fwd_kernelINS1_9FwdConfigILi256ELi64ELi32ELNS0_10KvPrefetchE2ELb1ELi16ELi{}EEELb0EEEvNS0_9FwdParamsE"
-    assert kernels.kernel_key(name.format(2)) == (256, 64, 32, False)
+    assert kernels.kernel_key(name.format(2)) == (256, 64, 32, False, False)
     assert kernels.kernel_threads(name.format(2)) == 256
     assert kernels.kernel_threads(name.format(1)) == 128
 

@@ -132,86 +132,141 @@ __device__ __forceinline__ uint4 widen_fp8x8(uint2 c, int shift) {
                     fp8x2_to_half2(c.y, shift, 0x1404), fp8x2_to_half2(c.y, shift, 0x3424));
 }
 
-// The factors the scores and the output still need for the cache as stored: the
+// 16 codes (one 16-byte load) -> 16 fp16: two 16-byte chunks of the shared tile.
+__device__ __forceinline__ void widen_fp8x16(const uint4& c, int shift, uint4& lo, uint4& hi) {
+  lo = widen_fp8x8(make_uint2(c.x, c.y), shift);
+  hi = widen_fp8x8(make_uint2(c.z, c.w), shift);
+}
+
+// The factors the scores and the output still need for an 8-bit cache as stored: the
 // descales (per tensor, kv head or (sequence, kv head)), and 2^8 for E4M3 codes (read as
-// value x 2^-8). 1 for fp16 caches and in prefill.
+// value x 2^-8). 1 for fp16 caches (KV8 false) and in prefill.
 struct KvScales {
   float k, v;
 };
 
-template <bool SERVING>
+template <bool KV8>
 __device__ __forceinline__ KvScales kv_scales(const FwdParams& p, const ServingWork& w, int hk) {
-  if constexpr (SERVING) {
-    if (p.kv_format != kKvF16) {
-      const float code = p.kv_format == kKvE4M3 ? 256.f : 1.f;
-      const float k = p.k_descale == nullptr ? 1.f
-                      : __ldg(p.k_descale + w.b * p.k_descale_stride[0] + hk * p.k_descale_stride[1]);
-      const float v = p.v_descale == nullptr ? 1.f
-                      : __ldg(p.v_descale + w.b * p.v_descale_stride[0] + hk * p.v_descale_stride[1]);
-      return {code * k, code * v};
-    }
+  if constexpr (KV8) {
+    const float code = p.kv_format == kKvE4M3 ? 256.f : 1.f;
+    const float k = p.k_descale == nullptr ? 1.f
+                    : __ldg(p.k_descale + w.b * p.k_descale_stride[0] + hk * p.k_descale_stride[1]);
+    const float v = p.v_descale == nullptr ? 1.f
+                    : __ldg(p.v_descale + w.b * p.v_descale_stride[0] + hk * p.v_descale_stride[1]);
+    return {code * k, code * v};
+  } else {
+    return {1.f, 1.f};
   }
-  return {1.f, 1.f};
 }
 
-// Rows [n0, n0 + BC) of a cache tile (K or V: page_stride / row_stride are its strides,
-// in elements: bytes for an 8-bit cache) into registers (fp16, or an 8-bit cache's codes
-// in .x / .y of each uint4: store_kv widens them); rows >= n and chunks past the real head
-// dim read as zeros. Paged: row j is row j % page_size of page pg[i] (fetched for this
-// tile); contiguous: j rows on. g: the kv head's first byte. One address per load for
-// both widths (the element size a shift): two copies of the loop would each keep their
-// own addresses live.
+// Rows [n0, n0 + BC) of a cache tile (K or V: page_stride / row_stride are its strides)
+// into registers; rows >= n and chunks past the real head dim read as zeros. Paged: row j
+// is row j % page_size of page pg[i] (fetched for this tile); contiguous: j rows on.
 template <class C, int LOADS>
-__device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const unsigned char* g,
-                                                const int (&pg)[LOADS], const FwdParams& p,
-                                                bool paged, int64_t page_stride,
-                                                int64_t row_stride, int n0, int n, int tid) {
-  const bool kv8 = p.kv_format != kKvF16;
-  const int elem_shift = kv8 ? 0 : 1;
+__device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const __half* g,
+                                                const int (&pg)[LOADS], bool paged,
+                                                int page_shift, int64_t page_stride,
+                                                int64_t row_stride, int n0, int n,
+                                                int head_dim, int tid) {
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
     int row, c;
     tile_coord<C>(i, tid, row, c);
     const int j = n0 + row;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (in_tile<C, C::kBlockN>(i, tid) && j < n && c * 8 < p.head_dim) {
-      const int64_t off = (paged ? (int64_t)pg[i] * page_stride +
-                                       (int64_t)(j & ((1 << p.page_shift) - 1)) * row_stride
-                                 : (int64_t)j * row_stride) + c * 8;
-      const unsigned char* a = g + (off << elem_shift);
-      if (kv8) {
-        const uint2 codes = __ldg(reinterpret_cast<const uint2*>(a));
-        v.x = codes.x;
-        v.y = codes.y;
-      } else {
+    if (in_tile<C, C::kBlockN>(i, tid) && j < n && c * 8 < head_dim) {
+      const int64_t off = paged ? (int64_t)pg[i] * page_stride +
+                                      (int64_t)(j & ((1 << page_shift) - 1)) * row_stride
+                                : (int64_t)j * row_stride;
+      v = __ldg(reinterpret_cast<const uint4*>(g + off + c * 8));
+    }
+    r[i] = v;
+  }
+}
+
+// The tile as an 8-bit cache is loaded: 16 codes (16 bytes) per load, so a thread issues
+// half the loads of the fp16 tile for half the bytes (decode is bound by the loads in
+// flight, not only by bytes: 8 codes per load measured no faster than fp16). A TileShape
+// for tile_coord / in_tile whose "chunks" are pairs of the tile's 8-element chunks.
+template <class C>
+struct CodeTile {
+  static_assert(C::kChunks % 2 == 0, "8-bit cache tiles: compiled head dims are multiples of 16");
+  static constexpr int kThreads = C::kThreads, kChunks = C::kChunks / 2, kBlockN = C::kBlockN;
+  static constexpr int kLoads = (C::kBlockN * kChunks + kThreads - 1) / kThreads;
+};
+
+// Loads per thread of a K/V tile: fp16 (C::kTileLoads) or 8-bit codes (CodeTile).
+template <class C, bool KV8>
+__host__ __device__ constexpr int kv_tile_loads() {
+  if constexpr (KV8)
+    return CodeTile<C>::kLoads;
+  else
+    return C::kTileLoads;
+}
+
+// Rows [n0, n0 + BC) of an 8-bit cache tile into registers, 16 codes per uint4 (g: the
+// kv head's first byte; strides in bytes). One 16-byte load where the chunk is whole and
+// the cache's rows are 16-byte aligned (p.kv_align16, set by the op), else two 8-byte loads
+// (rows 8-byte aligned; a head dim that is an odd multiple of 8 ends in half a pair).
+template <class C, int LOADS>
+__device__ __forceinline__ void load_code_tile(uint4 (&r)[LOADS], const unsigned char* g,
+                                               const int (&pg)[LOADS], const FwdParams& p,
+                                               bool paged, int64_t page_stride,
+                                               int64_t row_stride, int n0, int n, int tid) {
+  using T = CodeTile<C>;
+#pragma unroll
+  for (int i = 0; i < T::kLoads; ++i) {
+    int row, c;
+    tile_coord<T>(i, tid, row, c);
+    const int j = n0 + row;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (in_tile<T, C::kBlockN>(i, tid) && j < n && c * 16 < p.head_dim) {
+      const int64_t off = paged ? (int64_t)pg[i] * page_stride +
+                                      (int64_t)(j & ((1 << p.page_shift) - 1)) * row_stride
+                                : (int64_t)j * row_stride;
+      const unsigned char* a = g + off + c * 16;
+      if (p.kv_align16 && c * 16 + 16 <= p.head_dim) {
         v = __ldg(reinterpret_cast<const uint4*>(a));
+      } else {
+        const uint2 lo = __ldg(reinterpret_cast<const uint2*>(a));
+        const uint2 hi = c * 16 + 8 < p.head_dim ? __ldg(reinterpret_cast<const uint2*>(a + 8))
+                                                 : make_uint2(0, 0);
+        v = make_uint4(lo.x, lo.y, hi.x, hi.y);
       }
     }
     r[i] = v;
   }
 }
 
-// A K or V tile from registers to shared memory. An 8-bit cache's codes (8 per uint4,
-// in .x / .y: half the registers of the fp16 they become while the loads are in flight)
-// are widened here, after the GEMMs those loads overlapped.
-template <class C, bool SERVING, int LOADS>
-__device__ __forceinline__ void store_kv(__half* s, const uint4 (&r)[LOADS], const FwdParams& p,
-                                         int tid) {
-  if constexpr (SERVING) {
-    if (p.kv_format != kKvF16) {
-      const int shift = p.kv_format == kKvE4M3 ? 1 : 0;
+// An 8-bit cache tile from registers (load_code_tile) to shared memory as fp16, widened
+// here, after the GEMMs those loads overlapped.
+template <class C, int LOADS>
+__device__ __forceinline__ void store_code_tile(__half* s, const uint4 (&r)[LOADS],
+                                                const FwdParams& p, int tid) {
+  using T = CodeTile<C>;
+  const int shift = p.kv_format == kKvE4M3 ? 1 : 0;
 #pragma unroll
-      for (int i = 0; i < LOADS; ++i) {
-        int row, c;
-        tile_coord<C>(i, tid, row, c);
-        if (in_tile<C, C::kBlockN>(i, tid))
-          *reinterpret_cast<uint4*>(s + row * C::kStride + c * 8) =
-              widen_fp8x8(make_uint2(r[i].x, r[i].y), shift);
-      }
-      return;
+  for (int i = 0; i < T::kLoads; ++i) {
+    int row, c;
+    tile_coord<T>(i, tid, row, c);
+    if (in_tile<T, C::kBlockN>(i, tid)) {
+      uint4 lo, hi;
+      widen_fp8x16(r[i], shift, lo, hi);
+      uint4* dst = reinterpret_cast<uint4*>(s + row * C::kStride + c * 16);
+      dst[0] = lo;
+      dst[1] = hi;
     }
   }
-  store_tile<C, C::kBlockN>(s, r, tid);
+}
+
+// A K or V tile from registers to shared memory (fp16 as loaded, or 8-bit codes widened).
+template <class C, bool KV8, int LOADS>
+__device__ __forceinline__ void store_kv(__half* s, const uint4 (&r)[LOADS], const FwdParams& p,
+                                         int tid) {
+  if constexpr (KV8)
+    store_code_tile<C>(s, r, p, tid);
+  else
+    store_tile<C, C::kBlockN>(s, r, tid);
 }
 
 // Row-offset functors for load_tile_rows (Q) / store_o_rows_at (O).
@@ -293,22 +348,26 @@ __device__ __forceinline__ float partial_lse(const SoftmaxScale& sc, float l, fl
 // tiles, and the first/last query position the masks see (serving: tokens). False when the
 // CTA's m-block starts past the rows (nothing to do).
 struct CtaWork {
-  const __half *qg, *kg, *vg;       // prefill: the sequence's Q, K, V
-  const unsigned char *kc, *vc;     // serving: the cache's kv head (any KvFormat)
+  const __half *qg, *kg, *vg;    // K, V: the sequence's (prefill) or the cache's kv head
+  const unsigned char *kc, *vc;  // an 8-bit cache's kv head (KV8)
   int sq, sk, off, t_lo, t_hi, first_row, last_row;
   ServingWork w;  // serving only
 };
 
-template <int BR, int BC, bool SERVING>
+template <int BR, int BC, bool SERVING, bool KV8 = false>
 __device__ __forceinline__ bool cta_work(const FwdParams& p, int b, int h, int m0, CtaWork& c) {
   if constexpr (SERVING) {
     c.w = serving_work(p, b, h);
     c.sq = c.w.rows;
     if (m0 >= c.sq) return false;
     c.qg = static_cast<const __half*>(p.q) + c.w.q_off;
-    const int elem_shift = p.kv_format == kKvF16 ? 1 : 0;  // log2 of a cache element's bytes
-    c.kc = static_cast<const unsigned char*>(p.k) + (c.w.k_off << elem_shift);
-    c.vc = static_cast<const unsigned char*>(p.v) + (c.w.v_off << elem_shift);
+    if constexpr (KV8) {  // one-byte elements: the offsets are bytes
+      c.kc = static_cast<const unsigned char*>(p.k) + c.w.k_off;
+      c.vc = static_cast<const unsigned char*>(p.v) + c.w.v_off;
+    } else {
+      c.kg = static_cast<const __half*>(p.k) + c.w.k_off;
+      c.vg = static_cast<const __half*>(p.v) + c.w.v_off;
+    }
     c.sk = c.w.kv_hi;
     c.off = c.w.sk - c.w.sq;
     c.first_row = m0 / p.group;
@@ -345,16 +404,20 @@ __device__ __forceinline__ void load_q(uint4 (&r)[C::kQLoads], const FwdParams& 
     load_tile<C, C::kBlockM>(r, c.qg, p.q_row_stride, m0, c.sq, p.head_dim, tid);
 }
 
-// The K (V = false) or V tile of keys n0 .. -> registers (fp16). Serving: from the cache,
-// pg holding the pages of this tile's rows (fetch_pages, one tile ahead); prefill: rows of
-// the sequence.
-template <class C, bool SERVING, bool V, int LOADS, int PAGES>
+// The K (V = false) or V tile of keys n0 .. -> registers. Serving: from the cache, pg
+// holding the pages of this tile's rows (fetch_pages, one tile ahead), fp16 or (KV8) the
+// 8-bit codes; prefill: rows of the sequence.
+template <class C, bool SERVING, bool V, bool KV8, int LOADS, int PAGES>
 __device__ __forceinline__ void load_kv(uint4 (&r)[LOADS], const int (&pg)[PAGES],
                                         const FwdParams& p, const CtaWork& c, int n0, int tid) {
   const int64_t row_stride = V ? p.v_row_stride : p.k_row_stride;
-  if constexpr (SERVING)
-    load_cache_tile<C>(r, V ? c.vc : c.kc, pg, p, c.w.pages != nullptr,
-                       V ? p.v_batch_stride : p.k_batch_stride, row_stride, n0, c.sk, tid);
+  const int64_t batch_stride = V ? p.v_batch_stride : p.k_batch_stride;
+  if constexpr (KV8)
+    load_code_tile<C>(r, V ? c.vc : c.kc, pg, p, c.w.pages != nullptr, batch_stride,
+                      row_stride, n0, c.sk, tid);
+  else if constexpr (SERVING)
+    load_cache_tile<C>(r, V ? c.vg : c.kg, pg, c.w.pages != nullptr, p.page_shift,
+                       batch_stride, row_stride, n0, c.sk, p.head_dim, tid);
   else
     load_tile<C, C::kBlockN>(r, V ? c.vg : c.kg, row_stride, n0, c.sk, p.head_dim, tid);
 }

@@ -35,6 +35,7 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/bounds.cuh"
 #include "common/config.cuh"
@@ -80,7 +81,7 @@ struct FwdConfig : TileShape<D, BR, BC, WR> {
 
 // SERVING: the serving instantiation, as in sm75/fwd_kernel.cuh (packed GQA rows, keys
 // from a (paged) cache, split partials; warps without rows skip the GEMMs).
-template <class C, bool SERVING>
+template <class C, bool SERVING, bool KV8 = false>
 __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   using namespace nvcuda;
   using namespace detail;
@@ -108,12 +109,12 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   float* stage = reinterpret_cast<float*>(smem_raw) + warp * 256;  // 16x16 fp32, in sK/sV
 
   CtaWork cw;
-  if (!cta_work<BR, BC, SERVING>(p, b, h, m0, cw)) return;
+  if (!cta_work<BR, BC, SERVING, KV8>(p, b, h, m0, cw)) return;
   const int sq = cw.sq, sk = cw.sk, off = cw.off, t_lo = cw.t_lo, t_hi = cw.t_hi;
   const int first_row = cw.first_row, last_row = cw.last_row;
   [[maybe_unused]] const ServingWork& w = cw.w;
   // 8-bit cache: the descales (and E4M3's 2^8) fold into the softmax scale and 1 / l
-  const KvScales kvs = kv_scales<SERVING>(p, w, h);
+  const KvScales kvs = kv_scales<KV8>(p, w, h);
   const SoftmaxScale sc = softmax_scale(p, kvs.k);
   const bool warp_on = !SERVING || m0 + warp * WR < sq;
 
@@ -135,17 +136,21 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     return __shfl_sync(0xffffffffu, x, static_cast<int>((slot_rows >> (4 * i)) & 15u) * 2);
   };
 
+  // An 8-bit cache (KV8) is loaded 16 codes per load (CodeTile): fewer loads, its own
+  // row map (the pages fetched follow it)
+  using Tile = std::conditional_t<KV8, CodeTile<C>, C>;
+  constexpr int KL = kv_tile_loads<C, KV8>();
   // K / V tile n0 -> registers; serving: the pages of the next tile's rows are fetched
   // into pg one tile ahead (fetch(n0) right after the loads of the tile before).
-  [[maybe_unused]] int pg[SERVING ? C::kTileLoads : 1];
+  [[maybe_unused]] int pg[SERVING ? KL : 1];
   auto fetch = [&](int n0) {
-    if constexpr (SERVING) fetch_pages<C>(pg, p, w.pages, n0, sk, tid);
+    if constexpr (SERVING) fetch_pages<Tile>(pg, p, w.pages, n0, sk, tid);
   };
-  auto load_k = [&](uint4(&r)[C::kTileLoads], int n0) {
-    load_kv<C, SERVING, false>(r, pg, p, cw, n0, tid);
+  auto load_k = [&](uint4(&r)[KL], int n0) {
+    load_kv<C, SERVING, false, KV8>(r, pg, p, cw, n0, tid);
   };
-  auto load_v = [&](uint4(&r)[C::kTileLoads], int n0) {
-    load_kv<C, SERVING, true>(r, pg, p, cw, n0, tid);
+  auto load_v = [&](uint4(&r)[KL], int n0) {
+    load_kv<C, SERVING, true, KV8>(r, pg, p, cw, n0, tid);
   };
 
   {
@@ -164,15 +169,15 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   for (int ms = 0; ms < MS; ++ms) row_max[ms] = -INFINITY, row_sum[ms] = 0.f;
   const int row0 = m0 + warp * WR + lr;  // this lane's query row of slice 0
 
-  uint4 stage_k[C::kTileLoads];
-  uint4 stage_v[C::kTileLoads];
+  uint4 stage_k[KL];
+  uint4 stage_v[KL];
   if (t_lo < t_hi) {
     fetch(t_lo * BC);
     load_k(stage_k, t_lo * BC);
     load_v(stage_v, t_lo * BC);
     fetch((t_lo + 1) * BC);
-    store_kv<C, SERVING>(sK, stage_k, p, tid);
-    store_kv<C, SERVING>(sV, stage_v, p, tid);
+    store_kv<C, KV8>(sK, stage_k, p, tid);
+    store_kv<C, KV8>(sV, stage_v, p, tid);
   }
   __syncthreads();
 
@@ -319,8 +324,8 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         load_v(stage_v, n0 + BC);
         fetch(n0 + 2 * BC);
       }
-      store_kv<C, SERVING>(sK, stage_k, p, tid);
-      store_kv<C, SERVING>(sV, stage_v, p, tid);
+      store_kv<C, KV8>(sK, stage_k, p, tid);
+      store_kv<C, KV8>(sV, stage_v, p, tid);
       __syncthreads();
     }
   }

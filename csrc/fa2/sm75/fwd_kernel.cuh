@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/bounds.cuh"
 #include "common/config.cuh"
@@ -70,7 +71,7 @@ struct FwdConfig : TileShape<D, BR, BC, WR, KS> {
 // kv head, partition), the rows are a GQA group's packed query rows, keys come from a
 // (paged) cache and a split sequence writes fp32 partials. Warps whose rows are all past
 // the sequence's rows skip the GEMMs (decode: one token x group rows) but still load tiles.
-template <class C, bool SERVING>
+template <class C, bool SERVING, bool KV8 = false>
 __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   using namespace detail;
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
@@ -94,25 +95,29 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BR;
 
   CtaWork cw;
-  if (!cta_work<BR, BC, SERVING>(p, b, h, m0, cw)) return;
+  if (!cta_work<BR, BC, SERVING, KV8>(p, b, h, m0, cw)) return;
   const int sq = cw.sq, sk = cw.sk, off = cw.off, t_lo = cw.t_lo, t_hi = cw.t_hi;
   const int first_row = cw.first_row, last_row = cw.last_row;
   [[maybe_unused]] const ServingWork& w = cw.w;
   // 8-bit cache: the descales (and E4M3's 2^8) fold into the softmax scale and 1 / l
-  const KvScales kvs = kv_scales<SERVING>(p, w, h);
+  const KvScales kvs = kv_scales<KV8>(p, w, h);
   const SoftmaxScale sc = softmax_scale(p, kvs.k);
   const bool warp_on = !SERVING || m0 + rw * WR < sq;
+  // An 8-bit cache (KV8) is loaded 16 codes per load (CodeTile): fewer loads, its own
+  // row map (the pages fetched follow it)
+  using Tile = std::conditional_t<KV8, CodeTile<C>, C>;
+  constexpr int KL = kv_tile_loads<C, KV8>();
   // K / V tile n0 -> registers; serving: the pages of the next tile's rows are fetched
   // into pg one tile ahead (fetch(n0) right after the loads of the tile before).
-  [[maybe_unused]] int pg[SERVING ? C::kTileLoads : 1];
+  [[maybe_unused]] int pg[SERVING ? KL : 1];
   auto fetch = [&](int n0) {
-    if constexpr (SERVING) fetch_pages<C>(pg, p, w.pages, n0, sk, tid);
+    if constexpr (SERVING) fetch_pages<Tile>(pg, p, w.pages, n0, sk, tid);
   };
-  auto load_k = [&](uint4(&r)[C::kTileLoads], int n0) {
-    load_kv<C, SERVING, false>(r, pg, p, cw, n0, tid);
+  auto load_k = [&](uint4(&r)[KL], int n0) {
+    load_kv<C, SERVING, false, KV8>(r, pg, p, cw, n0, tid);
   };
-  auto load_v = [&](uint4(&r)[C::kTileLoads], int n0) {
-    load_kv<C, SERVING, true>(r, pg, p, cw, n0, tid);
+  auto load_v = [&](uint4(&r)[KL], int n0) {
+    load_kv<C, SERVING, true, KV8>(r, pg, p, cw, n0, tid);
   };
 
   // Q tile -> smem (once).
@@ -150,15 +155,15 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   // The query position of row r for the masks (serving: its token).
   auto mask_row = [&](int r) { return SERVING ? r / p.group : r; };
 
-  uint4 stage[C::kTileLoads];
-  uint4 stage_v[C::kPrefetchBoth ? C::kTileLoads : 1];
+  uint4 stage[KL];
+  uint4 stage_v[C::kPrefetchBoth ? KL : 1];
   if (t_lo < t_hi) {
     fetch(t_lo * BC);
     load_k(stage, t_lo * BC);
-    store_kv<C, SERVING>(sK0, stage, p, tid);
+    store_kv<C, KV8>(sK0, stage, p, tid);
     load_v(stage, t_lo * BC);
     fetch((t_lo + 1) * BC);
-    store_kv<C, SERVING>(sK0 + BC * ST, stage, p, tid);
+    store_kv<C, KV8>(sK0 + BC * ST, stage, p, tid);
   }
   __syncthreads();
 
@@ -290,7 +295,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
       __syncthreads();  // every warp is done with sK (K_t)
       if (t + 1 < t_hi) {
-        store_kv<C, SERVING>(sK, stage, p, tid);  // K_{t+1}: read after the barrier below
+        store_kv<C, KV8>(sK, stage, p, tid);  // K_{t+1}: read after the barrier below
         load_v(stage, n0 + BC);
         fetch(n0 + 2 * BC);
       }
@@ -316,17 +321,17 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
     if (t + 1 < t_hi) {
       if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
         __syncthreads();  // every warp is done with sV (V_t)
-        store_kv<C, SERVING>(sV, stage, p, tid);  // V_{t+1}: read after the next iteration's first barrier
+        store_kv<C, KV8>(sV, stage, p, tid);  // V_{t+1}: read after the next iteration's first barrier
       } else if constexpr (C::kDouble) {
         // the other buffer: every warp left it (tile t - 1) before the last barrier
         __half* const nK = sK == sK0 ? sK0 + 2 * BC * ST : sK0;
-        store_kv<C, SERVING>(nK, stage, p, tid);
-        store_kv<C, SERVING>(nK + BC * ST, stage_v, p, tid);
+        store_kv<C, KV8>(nK, stage, p, tid);
+        store_kv<C, KV8>(nK + BC * ST, stage_v, p, tid);
         __syncthreads();  // K_{t+1}, V_{t+1} stored
       } else {
         __syncthreads();  // every warp is done with sK and sV
-        store_kv<C, SERVING>(sK, stage, p, tid);
-        store_kv<C, SERVING>(sV, stage_v, p, tid);
+        store_kv<C, KV8>(sK, stage, p, tid);
+        store_kv<C, KV8>(sV, stage_v, p, tid);
         __syncthreads();
       }
     }

@@ -46,7 +46,7 @@ WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 # mangled name (libraries built before warp_rows end the FwdConfig at q_in_regs: 16 rows per
 # warp; those before dim_split at warp_rows: one warp per row slice)
 KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELNS0_10KvPrefetchE\d+ELb[01]"
-                    r"(?:ELi(\d+))?(?:ELi(\d+))?EEELb([01])EEEv")
+                    r"(?:ELi(\d+))?(?:ELi(\d+))?EEELb([01])(?:ELb([01]))?EEEv")
 # bwd_kernel<BwdConfig<head_dim, block_n, block_m, dq_block_m, dq_block_n, split, prefetch,
 # min_blocks, v_in_regs, dim_split>, mode> and bwd_dq_kernel<BwdConfig<...>>
 # (common/bwd_common.cuh: mode 0 all, 1 dV only, 2 dK and dQ); libraries built before
@@ -79,7 +79,7 @@ class KernelStats:
     flop_per_smem_byte: float | None
     tensor_flop_matches: bool | None
     card: str
-    kind: str = ""  # prefill, serving, bwd (dV, dKdQ: the two passes at d256), bwd dQ
+    kind: str = ""  # prefill, serving, serving kv8, bwd (dV, dKdQ: the two passes at d256), bwd dQ
     local_bytes: int = 0  # per thread, ptxas stack + local memory: spills (0 but sm75 bwd d64)
 
 
@@ -122,13 +122,14 @@ def resources(text: str) -> dict[str, dict]:
     return out
 
 
-def kernel_key(name: str) -> tuple[int, int, int, bool] | None:
-    """(head_dim, block_m, block_n, serving) of an FA2 fwd kernel's mangled name."""
+def kernel_key(name: str) -> tuple[int, int, int, bool, bool] | None:
+    """(head_dim, block_m, block_n, serving, kv8) of an FA2 fwd kernel's mangled name
+    (kv8: the serving kernel over an 8-bit cache; absent in libraries built before it)."""
     m = KERNEL.search(name)
     if not m:
         return None
     d, bm, bn, serving = (int(m.group(i)) for i in (1, 2, 3, 6))
-    return d, bm, bn, bool(serving)
+    return d, bm, bn, bool(serving), m.group(7) == "1"
 
 
 def kernel_threads(name: str) -> int:
@@ -246,7 +247,7 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
         key = kernel_key(name)
         if key is None or name not in res:
             continue
-        d, bm, bn, serving = key
+        d, bm, bn, serving, kv8 = key
         arch, regs, static_smem = res[name]["arch"], res[name]["reg"], res[name]["shared"]
         table = targets["serving_kernels" if serving else "kernels"][arch]
         entry = next((e for e in table if (e["head_dim"], e["block_m"], e["block_n"])
@@ -268,8 +269,9 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
                                resident, n_tensor * warps, smem_tile, flop,
                                round(flop / smem_tile, 2) if smem_tile else float("inf"),
                                flop_warp * warps == flop, CARDS[arch]["card"],
-                               "serving" if serving else "prefill", local_bytes(res[name])))
-    order = ["prefill", "serving", "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"]
+                               "serving kv8" if kv8 else "serving" if serving else "prefill",
+                               local_bytes(res[name])))
+    order = ["prefill", "serving", "serving kv8", "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"]
     return sorted(out, key=lambda s: (s.arch, order.index(s.kind), s.head_dim, s.block_m))
 
 
