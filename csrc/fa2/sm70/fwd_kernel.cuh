@@ -81,8 +81,11 @@ struct FwdConfig : TileShape<D, BR, BC, WR> {
 
 // SERVING: the serving instantiation, as in sm75/fwd_kernel.cuh (packed GQA rows, keys
 // from a (paged) cache, split partials; warps without rows skip the GEMMs).
+// KV8 (an 8-bit cache): at least 1 CTA per SM, so that ptxas keeps the registers it
+// needs (left free it chose 168 for the sm70 d112 narrow kernel and spilled 16 bytes);
+// 0 (no minimum) leaves the fp16 kernels' SASS as it was.
 template <class C, bool SERVING, bool KV8 = false>
-__global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const FwdParams p) {
   using namespace nvcuda;
   using namespace detail;
   using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;

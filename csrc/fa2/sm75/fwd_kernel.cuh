@@ -71,8 +71,11 @@ struct FwdConfig : TileShape<D, BR, BC, WR, KS> {
 // kv head, partition), the rows are a GQA group's packed query rows, keys come from a
 // (paged) cache and a split sequence writes fp32 partials. Warps whose rows are all past
 // the sequence's rows skip the GEMMs (decode: one token x group rows) but still load tiles.
+// KV8 (an 8-bit cache): at least 1 CTA per SM, so that ptxas keeps the registers it
+// needs (left free it chose 168 for the sm70 d112 narrow kernel and spilled 16 bytes);
+// 0 (no minimum) leaves the fp16 kernels' SASS as it was.
 template <class C, bool SERVING, bool KV8 = false>
-__global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const FwdParams p) {
   using namespace detail;
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
   constexpr int MS = C::kSlices, WR = C::kWarpRows, KS = C::kDimSplit;
