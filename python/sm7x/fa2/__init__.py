@@ -325,6 +325,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     fn = "flash_attn_varlen_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
+    if (block_table is not None or seqused_k is not None) and torch.compiler.is_compiling():
+        _serving_ops.no_plan(fn, scheduler_metadata)
+        res, lse = _serving_ops.varlen_paged(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+            causal, *_serving_ops.window(window_size), softcap, block_table, seqused_k,
+            k_descale, v_descale, kv_cache_dtype)
+        if out is not None:
+            res = out.copy_(res)
+        return (res, lse, None) if return_attn_probs else res
     if block_table is not None or seqused_k is not None:
         return _serving_module().varlen_paged(
             fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -471,6 +480,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     fn = "flash_attn_with_kvcache"
     _check_unsupported(fn, 0.0, alibi_slopes)
+    if torch.compiler.is_compiling():  # one opaque op: no host-side work in the graph
+        _serving_ops.no_plan(fn, scheduler_metadata)
+        if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+            cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
+                                       device=q.device)
+        out, lse = _serving_ops.kvcache(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, causal, *_serving_ops.window(window_size),
+            softcap, rotary_interleaved, num_splits, k_descale, v_descale, kv_cache_dtype)
+        return (out, lse) if return_softmax_lse else out
     return _serving_module().with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  softmax_scale, causal, window_size, softcap,
@@ -479,6 +498,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
 
 from . import _autograd  # noqa: E402  (uses the helpers above)
+from . import _serving_ops  # noqa: E402  (the serving calls as ops, for torch.compile)
 from ._autograd import BackwardFallbackWarning  # noqa: E402
 
 
