@@ -18,12 +18,12 @@ failed=0
 for arch in ${ARCHS:-sm75 sm70}; do
   for tool in ${TOOLS:-memcheck racecheck}; do
     log=$(mktemp)
-    # the serving tests run both the narrow and the wide serving kernels and the combine; the
+    # the serving tests run both the narrow and the wide serving kernels (fp16 and 8-bit) and the combine; the
     # backward tests every main, dQ and preprocess/convert kernel; the multi-device tests
     # skip on a machine with one GPU
     SM7X_FA2_FORCE=$arch compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 9 \
       python -m pytest -q -p no:cacheprovider -W ignore "tests/gpu/test_fa2_$arch.py" \
-      tests/gpu/test_fa2_serving.py tests/gpu/test_fa2_backward.py tests/gpu/test_core_cuda.py \
+      tests/gpu/test_fa2_serving.py tests/gpu/test_fa2_kv8.py tests/gpu/test_fa2_backward.py tests/gpu/test_core_cuda.py \
       tests/gpu/test_fa2_multi_device.py "$@" > "$log" 2>&1
     rc=$?
     echo "== $arch $tool: exit $rc; $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$log" | tail -1)"
