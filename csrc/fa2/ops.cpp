@@ -65,6 +65,15 @@ void check_half(const char* op, const char* name, const Tensor& t) {
             "cast with .half()");
 }
 
+// Data 16-byte aligned and every stride but the last a multiple of `multiple` elements
+// (size-1 dims aside).
+bool aligned(const Tensor& t, int64_t multiple) {
+  bool ok = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d)
+    ok = ok && (t.size(d) <= 1 || t.stride(d) % multiple == 0);
+  return ok;
+}
+
 // Last dim contiguous, other strides multiples of 8 elements, data 16-byte aligned: the
 // kernels read and write 16-byte chunks.
 void check_layout(const char* op, const char* name, const Tensor& t) {
@@ -72,9 +81,7 @@ void check_layout(const char* op, const char* name, const Tensor& t) {
   FA2_CHECK(t.stride(last) == 1 || t.size(last) <= 1, op, name, " (shape ", shape_str(t),
             ", strides ", strides_str(t), ") must have a contiguous last dimension; call ",
             name, ".contiguous() first");
-  bool ok = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-  for (int64_t d = 0; d < last; ++d) ok = ok && (t.size(d) <= 1 || t.stride(d) % 8 == 0);
-  FA2_CHECK(ok, op, name, " (shape ", shape_str(t), ", strides ", strides_str(t),
+  FA2_CHECK(aligned(t, 8), op, name, " (shape ", shape_str(t), ", strides ", strides_str(t),
             ") must be 16-byte aligned with strides that are multiples of 8 elements; call ",
             name, ".contiguous() first");
 }
@@ -541,14 +548,6 @@ void check_kv_format(const char* op, int64_t kv_format, const Tensor& k_cache,
   }
 }
 
-// Data 16-byte aligned and every stride but the last a multiple of 16 elements (size-1
-// dims aside): 16 one-byte codes at any row start are one aligned 16-byte load.
-bool aligned16(const Tensor& t) {
-  bool ok = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) ok = ok && (t.size(d) <= 1 || t.stride(d) % 16 == 0);
-  return ok;
-}
-
 // A descale's pointer and its (sequence, kv head) strides, size-1 dims broadcast.
 void set_descale(const float*& ptr, int64_t (&stride)[2], const std::optional<Tensor>& d) {
   ptr = nullptr;
@@ -721,8 +720,9 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   p.lse_accum = split ? static_cast<float*>(lse_accum.mutable_data_ptr()) : nullptr;
   p.accum_rows = static_cast<int>(accum_rows);
   p.kv_format = static_cast<int>(kv_format);
-  // 8-bit caches load 16 codes at once where every row (and page) starts 16-byte aligned
-  p.kv_align16 = kv_format != kKvF16 && aligned16(k_cache) && aligned16(v_cache);
+  // 8-bit caches load 16 codes at once where every row (and page) starts 16-byte aligned:
+  // strides of 16 one-byte elements
+  p.kv_align16 = kv_format != kKvF16 && aligned(k_cache, 16) && aligned(v_cache, 16);
   set_descale(p.k_descale, p.k_descale_stride, k_descale);
   set_descale(p.v_descale, p.v_descale_stride, v_descale);
 

@@ -149,11 +149,11 @@ template <bool KV8>
 __device__ __forceinline__ KvScales kv_scales(const FwdParams& p, const ServingWork& w, int hk) {
   if constexpr (KV8) {
     const float code = p.kv_format == kKvE4M3 ? 256.f : 1.f;
-    const float k = p.k_descale == nullptr ? 1.f
-                    : __ldg(p.k_descale + w.b * p.k_descale_stride[0] + hk * p.k_descale_stride[1]);
-    const float v = p.v_descale == nullptr ? 1.f
-                    : __ldg(p.v_descale + w.b * p.v_descale_stride[0] + hk * p.v_descale_stride[1]);
-    return {code * k, code * v};
+    auto descale = [&](const float* d, const int64_t(&stride)[2]) {
+      return d == nullptr ? 1.f : __ldg(d + w.b * stride[0] + hk * stride[1]);
+    };
+    return {code * descale(p.k_descale, p.k_descale_stride),
+            code * descale(p.v_descale, p.v_descale_stride)};
   } else {
     return {1.f, 1.f};
   }
