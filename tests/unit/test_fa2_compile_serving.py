@@ -2,77 +2,26 @@
 flash_attn_with_kvcache (paged and contiguous, with an append) and flash_attn_varlen_func
 over a paged cache become one custom op each (sm7x.fa2._serving_ops), whose real
 implementation runs the eager serving code; the library's kernel op is replaced by a
-float64 reference on CPU (as the autograd tests do), so what is checked is the tracing:
+float64 reference on CPU (serving_cpu_ops), so what is checked is the tracing:
 no graph break, the caches mutated in place as in eager, the same output."""
 
 from __future__ import annotations
-
-import sys
-import types
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="sm7x.fa2 needs torch >= 2.10")
 
 import sm7x.fa2 as fa2  # noqa: E402
-from sm7x.fa2 import _serving  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-from fa2_reference import reference  # noqa: E402
+from serving_cpu_ops import use  # noqa: E402
 
 F16, I32 = torch.float16, torch.int32
 
 
-class ReferenceServing:
-    """fwd_serving in float64 torch: the keys a sequence sees, gathered from the paged or
-    contiguous cache exactly as the kernels address them (fp16 caches only)."""
-
-    name = "sm7x_fa2_sm75"
-
-    def fwd_serving(self, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
-                    cu_seqlens_k, block_table, cache_batch_idx, leftpad, partitions,
-                    split_offsets, o_accum, lse_accum, max_seqlen_q, seqlen_k_bound,
-                    seqused_add, scale, causal, left, right, softcap, kv_format, k_descale,
-                    v_descale):
-        assert kv_format == 0
-        batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
-        for b in range(batch):
-            n = int(seqused_k[b]) + seqused_add
-            pos = torch.arange(n)
-            if block_table is not None:
-                ps = k_cache.shape[1]
-                pages = block_table[b].long()[pos // ps]
-                k, v = k_cache[pages, pos % ps], v_cache[pages, pos % ps]
-            else:
-                row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
-                k, v = k_cache[row, :n], v_cache[row, :n]
-            if cu_seqlens_q is not None:
-                q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
-                qb = q[q0:q1]
-            else:
-                qb = q[b]
-            o, l = reference(qb[None].double(), k[None].double(), v[None].double(), scale,
-                             causal, (left, right), softcap)
-            if cu_seqlens_q is not None:
-                out[q0:q1] = o[0].to(out.dtype)
-                lse[:, q0:q1] = l[0].float()
-            else:
-                out[b] = o[0].to(out.dtype)
-                lse[b] = l[0].float()
-
-
 @pytest.fixture
 def reference_ops(monkeypatch):
-    ops = ReferenceServing()
-    monkeypatch.setattr(fa2, "_check_cuda", lambda fn, q: None)
-    monkeypatch.setattr(_serving, "_check_cuda", lambda fn, q: None)
-    monkeypatch.setattr(_serving, "_ops_for", lambda t: ops)
-    monkeypatch.setattr(_serving, "_capturing", lambda: False)  # a CPU-only torch has no CUDA graphs
-    monkeypatch.setattr(_serving, "_plan_for", lambda fn, ops_, q, *a: (
-        types.SimpleNamespace(partitions=None, split_offsets=None), None, None))
     torch._dynamo.reset()
-    return ops
+    return use(monkeypatch)
 
 
 def _paged(b=2, h=4, hk=2, d=64, page=16, blocks=8, max_blocks=4, seed=0):

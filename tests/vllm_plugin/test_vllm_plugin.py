@@ -10,6 +10,7 @@ import itertools
 import math
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,6 @@ from vllm.v1.attention.selector import AttentionSelectorConfig  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
 import sm7x.integrations.vllm as plugin  # noqa: E402
-from sm7x.fa2 import _serving  # noqa: E402
 from sm7x.integrations.vllm import _compute  # noqa: E402
 from sm7x.integrations.vllm.backend import (  # noqa: E402
     Sm7xFlashAttentionBackend as Backend,
@@ -429,38 +429,6 @@ def test_non_causal_and_cascade_refused():
 # forward, with sm7x.fa2's kernel op replaced by a float32 reference
 
 
-class ReferenceOps:
-    """fwd_serving of the FA2 libraries in float32 torch on CPU: reads the paged K/V views
-    through block_table exactly as the kernels are handed them."""
-
-    name = "sm7x_fa2_sm75"
-
-    def __init__(self):
-        self.calls = 0
-
-    def fwd_serving(self, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
-                    cu_seqlens_k, block_table, cache_batch_idx, leftpad, partitions,
-                    split_offsets, o_accum, lse_accum, max_seqlen_q, seqlen_k_bound,
-                    seqused_add, scale, causal, left, right, softcap, kv_format, k_descale,
-                    v_descale):
-        self.calls += 1
-        self.kv_format = kv_format
-        ps = k_cache.shape[1]
-        codes = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}.get(kv_format)
-        for b in range(cu_seqlens_q.shape[0] - 1):
-            q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
-            n = int(seqused_k[b])
-            pos = torch.arange(n)
-            pages = block_table[b].long()[pos // ps]
-            k = k_cache[pages, pos % ps]  # [n, hk, d]
-            v = v_cache[pages, pos % ps]
-            if codes is not None:  # an 8-bit cache: codes x descale
-                k = k.view(torch.uint8).view(codes).float() * k_descale.float()
-                v = v.view(torch.uint8).view(codes).float() * v_descale.float()
-            k, v = k.float(), v.float()
-            out[q0:q1] = reference(q[q0:q1].float(), k, v, scale, left, right, softcap).to(out.dtype)
-
-
 def reference(q, k, v, scale, left=-1, right=0, softcap=0.0):
     """float32 causal (bottom-right) GQA attention of q [sq, h, d] over k/v [sk, hk, d]."""
     sq, h, _ = q.shape
@@ -481,15 +449,13 @@ def reference(q, k, v, scale, left=-1, right=0, softcap=0.0):
 
 @pytest.fixture
 def reference_kernel(monkeypatch):
-    import sm7x.fa2 as fa2
+    """sm7x.fa2's serving op replaced by the float64 CPU stand-in (tests/unit/
+    serving_cpu_ops.py: the paged K/V views read through block_table as the kernels are
+    handed them, 8-bit codes times their descales)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    import serving_cpu_ops
 
-    ops = ReferenceOps()
-    monkeypatch.setattr(fa2, "_check_cuda", lambda fn, q: None)
-    monkeypatch.setattr(_serving, "_check_cuda", lambda fn, q: None)
-    monkeypatch.setattr(_serving, "_ops_for", lambda t: ops)
-    monkeypatch.setattr(_serving, "_plan_for", lambda fn, ops_, q, *a: (
-        types.SimpleNamespace(partitions=None, split_offsets=None), None, None))
-    return ops
+    return serving_cpu_ops.use(monkeypatch)
 
 
 @pytest.mark.parametrize("window, softcap", [(None, None), (24, None), (None, 30.0)])
