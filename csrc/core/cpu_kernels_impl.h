@@ -7,6 +7,7 @@
 #pragma once
 
 #include <math.h>
+#include <algorithm>
 #include <cstring>
 
 #include "fp8.h"
@@ -132,8 +133,9 @@ void rotary_impl(const RotaryArgs& a, ParallelRunner run) {
 }
 
 // One cache row per (token, kv head) of every token with a slot (a negative slot is a
-// padding token): store(dst, src, n, scale) writes n values of a key or value row into
-// the cache row, whose elements are C (S itself, or uint8_t codes of an 8-bit cache).
+// padding token): store(dst, src, n, scale, row_scale) writes n values of a key or value
+// row into the cache row, whose elements are C (S itself, or the codes of an 8-bit
+// cache); row_scale: where an int8 cache keeps that row's scale (else null).
 template <typename C, typename S, typename P, typename Store>
 void scatter_rows(const ReshapeAndCacheArgs& a, ParallelRunner run, float ks, float vs, Store store) {
   const P* slots = static_cast<const P*>(a.slot_mapping);
@@ -144,10 +146,14 @@ void scatter_rows(const ReshapeAndCacheArgs& a, ParallelRunner run, float ks, fl
       if (slot < 0) continue;  // padding token
       const int64_t blk = slot / a.block_size, off = slot % a.block_size;
       for (int64_t h = 0; h < a.kv_heads; ++h) {
+        float* krs = a.k_scale_cache ? a.k_scale_cache + blk * a.ks_b + off * a.ks_o + h * a.ks_h
+                                     : nullptr;
+        float* vrs = a.v_scale_cache ? a.v_scale_cache + blk * a.vs_b + off * a.vs_o + h * a.vs_h
+                                     : nullptr;
         store(static_cast<C*>(a.key_cache) + blk * a.kc_b + off * a.kc_o + h * a.kc_h,
-              static_cast<const S*>(a.key) + t * a.k_t + h * a.k_h, a.head_size, ks);
+              static_cast<const S*>(a.key) + t * a.k_t + h * a.k_h, a.head_size, ks, krs);
         store(static_cast<C*>(a.value_cache) + blk * a.vc_b + off * a.vc_o + h * a.vc_h,
-              static_cast<const S*>(a.value) + t * a.v_t + h * a.v_h, a.v_head_size, vs);
+              static_cast<const S*>(a.value) + t * a.v_t + h * a.v_h, a.v_head_size, vs, vrs);
       }
     }
   });
@@ -156,8 +162,22 @@ void scatter_rows(const ReshapeAndCacheArgs& a, ParallelRunner run, float ks, fl
 template <fp8::Format F, typename S, typename P>
 void reshape_and_cache_fp8_impl(const ReshapeAndCacheArgs& a, ParallelRunner run) {
   // each value as the fp8 code of value / scale
-  scatter_rows<uint8_t, S, P>(a, run, *a.k_scale, *a.v_scale, [](uint8_t* dst, const S* src, int64_t n, float scale) {
+  scatter_rows<uint8_t, S, P>(a, run, *a.k_scale, *a.v_scale,
+                              [](uint8_t* dst, const S* src, int64_t n, float scale, float*) {
     for (int64_t i = 0; i < n; ++i) dst[i] = fp8::encode<F>(load(src + i) / scale);
+  });
+}
+
+template <typename S, typename P>
+void reshape_and_cache_int8_impl(const ReshapeAndCacheArgs& a, ParallelRunner run) {
+  // each row as int8 codes of its own scale (fp8.h int8row), the scale beside it
+  scatter_rows<int8_t, S, P>(a, run, 1.f, 1.f,
+                             [](int8_t* dst, const S* src, int64_t n, float, float* row_scale) {
+    float m = 0.f;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, int8row::finite_abs(load(src + i)));
+    const float scale = int8row::scale_of(m), inv = 1.f / scale;
+    for (int64_t i = 0; i < n; ++i) dst[i] = int8row::encode(load(src + i), inv);
+    *row_scale = scale;
   });
 }
 
@@ -165,7 +185,8 @@ template <typename S, typename P>
 void reshape_and_cache_impl(const ReshapeAndCacheArgs& a, ParallelRunner run) {
   if (a.cache == KvCache::Fp8E4M3) return reshape_and_cache_fp8_impl<fp8::Format::E4M3, S, P>(a, run);
   if (a.cache == KvCache::Fp8E5M2) return reshape_and_cache_fp8_impl<fp8::Format::E5M2, S, P>(a, run);
-  scatter_rows<S, S, P>(a, run, 1.f, 1.f, [](S* dst, const S* src, int64_t n, float) {
+  if (a.cache == KvCache::Int8) return reshape_and_cache_int8_impl<S, P>(a, run);
+  scatter_rows<S, S, P>(a, run, 1.f, 1.f, [](S* dst, const S* src, int64_t n, float, float*) {
     std::memcpy(dst, src, sizeof(S) * n);
   });
 }

@@ -462,13 +462,51 @@ __global__ void __launch_bounds__(kTokenMaxThreads) reshape_and_cache_fp8_kernel
   }
 }
 
+// reshape_and_cache into int8 caches with row scales (fp8.h int8row): one warp per
+// (token, kv head) row of the key then the value, its absmax by shuffles, then the codes
+// and, from lane 0, the row's scale into the scale cache.
+template <typename T, typename P>
+__global__ void __launch_bounds__(kTokenMaxThreads) reshape_and_cache_int8_kernel(ReshapeAndCacheArgs a) {
+  const P* slots = static_cast<const P*>(a.slot_mapping);
+  const int heads = static_cast<int>(a.kv_heads);
+  const int64_t nslots = a.num_blocks * a.block_size;
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int64_t t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+    const int64_t slot = static_cast<int64_t>(slots[t]);
+    if (slot < 0 || slot >= nslots) continue;  // padding (or out of range: see kernels.h)
+    const int64_t blk = slot / a.block_size, off = slot - blk * a.block_size;
+    for (int row = threadIdx.x >> 5; row < 2 * heads; row += warps) {
+      const bool v = row >= heads;
+      const int h = v ? row - heads : row;
+      const T* src = static_cast<const T*>(v ? a.value : a.key) + t * (v ? a.v_t : a.k_t) +
+                     h * (v ? a.v_h : a.k_h);
+      int8_t* dst = static_cast<int8_t*>(v ? a.value_cache : a.key_cache) +
+                    blk * (v ? a.vc_b : a.kc_b) + off * (v ? a.vc_o : a.kc_o) +
+                    h * (v ? a.vc_h : a.kc_h);
+      const int n = static_cast<int>(v ? a.v_head_size : a.head_size);
+      float m = 0.f;
+      for (int j = lane; j < n; j += 32) m = fmaxf(m, int8row::finite_abs(to_f(src[j])));
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      const float scale = int8row::scale_of(m), inv = 1.f / scale;
+      for (int j = lane; j < n; j += 32) dst[j] = int8row::encode(to_f(src[j]), inv);
+      if (lane == 0)
+        (v ? a.v_scale_cache : a.k_scale_cache)[blk * (v ? a.vs_b : a.ks_b) +
+                                                 off * (v ? a.vs_o : a.ks_o) +
+                                                 h * (v ? a.vs_h : a.ks_h)] = scale;
+    }
+  }
+}
+
 template <typename T, typename P>
 int launch_reshape_and_cache_fp8(const ReshapeAndCacheArgs& a, cudaStream_t stream) {
   if (a.tokens == 0) return 0;
   const int threads = clamp_threads(a.kv_heads * (a.head_size + a.v_head_size), 32,
                                     kTokenMaxThreads);
   const unsigned grid = grid_for(a.tokens);
-  if (a.cache == KvCache::Fp8E4M3)
+  if (a.cache == KvCache::Int8)
+    reshape_and_cache_int8_kernel<T, P><<<grid, clamp_threads(64 * a.kv_heads, 32, kTokenMaxThreads),
+                                         0, stream>>>(a);
+  else if (a.cache == KvCache::Fp8E4M3)
     reshape_and_cache_fp8_kernel<T, P, fp8::Format::E4M3><<<grid, threads, 0, stream>>>(a);
   else
     reshape_and_cache_fp8_kernel<T, P, fp8::Format::E5M2><<<grid, threads, 0, stream>>>(a);

@@ -90,4 +90,37 @@ SM7X_FP8_FN float decode(uint8_t b) {
 }
 
 }  // namespace fp8
+
+// int8 codes with one float32 scale per cached row (a token's kv head), vLLM's
+// int8_per_token_head, written as vLLM's Triton writer does: scale = max(absmax / 127,
+// 1e-6), code = x * (1 / scale) rounded half away from zero, clamped to [-128, 127]. int8
+// has no inf or NaN: the absmax is taken over the finite values, +inf saturates to 127,
+// -inf to -128 (the clamp) and NaN is stored as 0 (vLLM leaves them to its float-to-int
+// conversion).
+namespace int8row {
+
+SM7X_FP8_FN float scale_of(float absmax) {
+  const float s = absmax / 127.f;
+  return s > 1e-6f ? s : 1e-6f;
+}
+
+// |x| if finite, else 0: the absmax's terms.
+SM7X_FP8_FN float finite_abs(float x) {
+  const float a = x < 0.f ? -x : x;
+  return a <= 3.4028234663852886e38f ? a : 0.f;  // false for inf and NaN
+}
+
+SM7X_FP8_FN int8_t encode(float x, float inv_scale) {
+  if (x != x) return 0;
+#if defined(__CUDA_ARCH__)
+  float q = __fmul_rn(x, inv_scale);  // not fused with the + 0.5 below: the host's rounding
+#else
+  float q = x * inv_scale;
+#endif
+  q = q >= 0.f ? q + 0.5f : q - 0.5f;
+  q = q > 127.f ? 127.f : q < -128.f ? -128.f : q;
+  return static_cast<int8_t>(q);  // truncates toward zero
+}
+
+}  // namespace int8row
 }  // namespace sm7x

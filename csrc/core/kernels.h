@@ -25,7 +25,7 @@ enum class IType : int { I64 = 0, I32 = 1 };
 // What a KV cache stores: the key/value dtype itself, or 8-bit codes (fp8.h) of
 // value / scale with one float32 scale per cache (vLLM's kv_cache_dtype "fp8_e4m3",
 // "fp8_e5m2"; "fp8" is E4M3).
-enum class KvCache : int { Same = 0, Fp8E4M3 = 1, Fp8E5M2 = 2 };
+enum class KvCache : int { Same = 0, Fp8E4M3 = 1, Fp8E5M2 = 2, Int8 = 3 };
 
 const char* dtype_name(DType t);
 
@@ -79,6 +79,11 @@ struct ReshapeAndCacheArgs {
   KvCache cache;          // Same: caches of the key's dtype; else 1-byte codes
   const float* k_scale;   // fp8 caches: one float32 each (on the caches' device), the
   const float* v_scale;   // code is round(value / scale); null for Same
+  // Int8: float32 scale caches [num_blocks, block_size, kv_heads] (strides ks_* / vs_*),
+  // one scale written per cached row (fp8.h int8row); null otherwise
+  float* k_scale_cache;
+  float* v_scale_cache;
+  int64_t ks_b, ks_o, ks_h, vs_b, vs_o, vs_h;
 };
 
 // ---------------------------------------------------------------------------------------

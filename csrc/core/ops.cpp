@@ -511,8 +511,9 @@ KvCache kv_cache_kind(const char* op, const std::string& s) {
   if (s == "auto") return KvCache::Same;
   if (s == "fp8" || s == "fp8_e4m3") return KvCache::Fp8E4M3;
   if (s == "fp8_e5m2") return KvCache::Fp8E5M2;
+  if (s == "int8_per_token_head") return KvCache::Int8;
   SM7X_CHECK(false, op, "kv_cache_dtype '", s, "' is not one of 'auto', 'fp8', 'fp8_e4m3', "
-             "'fp8_e5m2'");
+             "'fp8_e5m2', 'int8_per_token_head'");
   return KvCache::Same;
 }
 
@@ -520,6 +521,11 @@ KvCache kv_cache_kind(const char* op, const std::string& s) {
 // of its format.
 void check_fp8_cache(const char* op, const char* name, const Tensor& t, KvCache kind) {
   const ScalarType s = t.scalar_type();
+  if (kind == KvCache::Int8) {
+    SM7X_CHECK(s == ScalarType::Char, op, name, " has dtype ", scalar_name(s), " but "
+               "kv_cache_dtype 'int8_per_token_head' stores int8 codes: allocate it as torch.int8");
+    return;
+  }
   const bool e4m3 = kind == KvCache::Fp8E4M3;
   const ScalarType own = e4m3 ? ScalarType::Float8_e4m3fn : ScalarType::Float8_e5m2;
   SM7X_CHECK(s == ScalarType::Byte || s == own, op, name, " has dtype ", scalar_name(s),
@@ -545,9 +551,28 @@ const float* fp8_scale(const char* op, const char* name, const std::optional<Ten
   return static_cast<const float*>(t->const_data_ptr());
 }
 
+// An int8 cache's scale cache: float32 [num_blocks, block_size, kv_heads] on the cache's
+// device, any strides (vLLM's are views into the padding of its cache rows).
+float* int8_scale_cache(const char* op, const char* name, std::optional<Tensor>& t,
+                        const Tensor& cache) {
+  SM7X_CHECK(t.has_value() && t->defined(), op, name, " is required with kv_cache_dtype "
+             "'int8_per_token_head': a float32 tensor [num_blocks, block_size, num_kv_heads] "
+             "that receives each cached row's scale");
+  check_device(op, name, *t, "key_cache", cache);
+  SM7X_CHECK(t->scalar_type() == ScalarType::Float, op, name, " has dtype ",
+             scalar_name(t->scalar_type()), "; it must be float32");
+  SM7X_CHECK(t->dim() == 3 && t->size(0) == cache.size(0) && t->size(1) == cache.size(1) &&
+                 t->size(2) == cache.size(2), op, name, " has shape ", shape_str(*t),
+             "; it must be [", cache.size(0), ", ", cache.size(1), ", ", cache.size(2),
+             "] (key_cache's first three dims)");
+  check_written(op, name, *t);
+  return static_cast<float*>(t->mutable_data_ptr());
+}
+
 void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache,
                        Tensor slot_mapping, std::string kv_cache_dtype,
-                       std::optional<Tensor> k_scale, std::optional<Tensor> v_scale) {
+                       std::optional<Tensor> k_scale, std::optional<Tensor> v_scale,
+                       std::optional<Tensor> k_scale_cache, std::optional<Tensor> v_scale_cache) {
   const char* op = "reshape_and_cache";
   check_defined(op, {{"key", &key}, {"value", &value}, {"key_cache", &key_cache},
                      {"value_cache", &value_cache}, {"slot_mapping", &slot_mapping}});
@@ -600,8 +625,25 @@ void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_
     check_apart(op, "key_cache", key_cache, n, *t);
     check_apart(op, "value_cache", value_cache, n, *t);
   }
-  const float* ks = kind == KvCache::Same ? nullptr : fp8_scale(op, "k_scale", k_scale, key_cache);
-  const float* vs = kind == KvCache::Same ? nullptr : fp8_scale(op, "v_scale", v_scale, key_cache);
+  const bool fp8 = kind == KvCache::Fp8E4M3 || kind == KvCache::Fp8E5M2;
+  const float* ks = fp8 ? fp8_scale(op, "k_scale", k_scale, key_cache) : nullptr;
+  const float* vs = fp8 ? fp8_scale(op, "v_scale", v_scale, key_cache) : nullptr;
+  float* ksc = nullptr;
+  float* vsc = nullptr;
+  if (kind == KvCache::Int8) {
+    ksc = int8_scale_cache(op, "k_scale_cache", k_scale_cache, key_cache);
+    vsc = int8_scale_cache(op, "v_scale_cache", v_scale_cache, key_cache);
+    check_apart(op, "k_scale_cache", *k_scale_cache, "v_scale_cache", *v_scale_cache);
+    for (auto [n, t] : {std::pair<const char*, const Tensor*>{"key", &key}, {"value", &value},
+                        {"key_cache", &key_cache}, {"value_cache", &value_cache},
+                        {"slot_mapping", &slot_mapping}}) {
+      check_apart(op, "k_scale_cache", *k_scale_cache, n, *t);
+      check_apart(op, "v_scale_cache", *v_scale_cache, n, *t);
+    }
+  } else {
+    SM7X_CHECK(!k_scale_cache.has_value() && !v_scale_cache.has_value(), op,
+               "k_scale_cache / v_scale_cache apply to kv_cache_dtype 'int8_per_token_head' only");
+  }
   if (tokens == 0 || heads == 0) return;
   if (key_cache.is_cpu()) {
     const int64_t nslots = nb * bs;
@@ -619,7 +661,11 @@ void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_
                         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
                         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
                         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-                        kind, ks, vs};
+                        kind, ks, vs, ksc, vsc};
+  if (kind == KvCache::Int8) {
+    a.ks_b = k_scale_cache->stride(0), a.ks_o = k_scale_cache->stride(1), a.ks_h = k_scale_cache->stride(2);
+    a.vs_b = v_scale_cache->stride(0), a.vs_o = v_scale_cache->stride(1), a.vs_h = v_scale_cache->stride(2);
+  }
   if (key.is_cuda())
     SM7X_CUDA_RUN(op, key, [&](cudaStream_t s) { return reshape_and_cache_cuda(dt, st, a, s); });
   else
@@ -642,7 +688,8 @@ STABLE_TORCH_LIBRARY(sm7x, m) {
   m.def(
       "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
       "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype=\"auto\", "
-      "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+      "Tensor? k_scale=None, Tensor? v_scale=None, Tensor(c!)? k_scale_cache=None, "
+      "Tensor(d!)? v_scale_cache=None) -> ()");
 }
 
 // One implementation per op serves both keys: it validates, then branches on the device.

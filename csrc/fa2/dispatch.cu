@@ -45,6 +45,8 @@ int serving_from(const FwdParams& p, bool wide, cudaStream_t stream) {
   } else {
     constexpr int D = kCompiledHeadDims[I];
     if (p.head_dim <= D) {
+      if (p.kv_format == kKvInt8)
+        return wide ? run_serving_wide_int8<D>(p, stream) : run_serving_int8<D>(p, stream);
       if (p.kv_format != kKvF16)
         return wide ? run_serving_wide_kv8<D>(p, stream) : run_serving_kv8<D>(p, stream);
       return wide ? run_serving_wide<D>(p, stream) : run_serving<D>(p, stream);

@@ -79,16 +79,30 @@ struct FwdParams {
   // of sequence b, kv head hk is code x k_descale[b * k_descale_stride[0] + hk *
   // k_descale_stride[1]] (null: 1), likewise V; both fold into the softmax scale and 1 / l.
   int kv_format;
-  bool kv_align16;  // 8-bit caches: both caches' rows (and pages) start 16-byte aligned
+  // 8-bit caches: 16, 8 or 4 when both caches' rows (and pages) start at multiples of that
+  // many bytes (the widest load a row chunk takes)
+  int kv_align;
   const float* k_descale;
   const float* v_descale;
   int64_t k_descale_stride[2], v_descale_stride[2];
+  // int8 caches (kKvInt8): the scale of every cached row, float32 scale caches addressed
+  // like the rows: [block (paged) or cache row (contiguous), slot, kv head] strides, in
+  // floats. The dequantized key is code x k_row_scale[...] (likewise V).
+  const float* k_row_scale;
+  const float* v_row_scale;
+  int64_t k_row_scale_stride[3], v_row_scale_stride[3];
 };
 
 // How the serving kernels read a cache (FwdParams::kv_format): fp16, or OCP FP8 codes
 // (torch.float8_e4m3fn / float8_e5m2, vLLM's fp8 / fp8_e4m3 / fp8_e5m2) with per-tensor,
-// per-kv-head or per-(sequence, kv head) descales.
-enum KvFormat : int { kKvF16 = 0, kKvE4M3 = 1, kKvE5M2 = 2 };
+// per-kv-head or per-(sequence, kv head) descales, or int8 codes with a scale per cached
+// row and kv head (vLLM's int8_per_token_head).
+enum KvFormat : int { kKvF16 = 0, kKvE4M3 = 1, kKvE5M2 = 2, kKvInt8 = 3 };
+
+// The serving kernel instantiations by what they read (fwd_kernel's KV argument): fp16,
+// 8-bit codes whose scales fold into the softmax scale and 1 / l (fp8), or int8 codes
+// scaled row by row as they are widened (their own kernels: the row scales take registers).
+enum KvRead : int { kReadF16 = 0, kReadCodes = 1, kReadRowScaled = 2 };
 
 // The backward (bwd.cu, <arch>/bwd_kernel.cuh): the forward's inputs (o = the forward's
 // output, lse its LSE) plus dO, the gradients and the fp32 work tensors.
@@ -125,6 +139,11 @@ template <int kHeadDim>
 int run_serving_kv8(const FwdParams& p, cudaStream_t stream);
 template <int kHeadDim>
 int run_serving_wide_kv8(const FwdParams& p, cudaStream_t stream);
+// And over an int8 cache with row scales (kKvInt8).
+template <int kHeadDim>
+int run_serving_int8(const FwdParams& p, cudaStream_t stream);
+template <int kHeadDim>
+int run_serving_wide_int8(const FwdParams& p, cudaStream_t stream);
 int serving(const FwdParams& p, cudaStream_t stream);
 // Resident CTAs per SM of each instantiation on the current device (0 on error): the
 // split planner's CTA slots are SMs x this.
@@ -136,6 +155,10 @@ template <int kHeadDim>
 int occupancy_serving_kv8();
 template <int kHeadDim>
 int occupancy_serving_wide_kv8();
+template <int kHeadDim>
+int occupancy_serving_int8();
+template <int kHeadDim>
+int occupancy_serving_wide_int8();
 int serving_ctas_per_sm(int head_dim, bool wide);
 // Merges the split partials of the sequences with several partitions (serving.cu).
 int run_combine(const FwdParams& p, cudaStream_t stream);

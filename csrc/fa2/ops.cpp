@@ -67,8 +67,8 @@ void check_half(const char* op, const char* name, const Tensor& t) {
 
 // Data 16-byte aligned and every stride but the last a multiple of `multiple` elements
 // (size-1 dims aside).
-bool aligned(const Tensor& t, int64_t multiple) {
-  bool ok = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+bool aligned(const Tensor& t, int64_t multiple, int64_t data_align = 16) {
+  bool ok = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % data_align == 0;
   for (int64_t d = 0; d + 1 < t.dim(); ++d)
     ok = ok && (t.size(d) <= 1 || t.stride(d) % multiple == 0);
   return ok;
@@ -516,21 +516,41 @@ void fail_serving(const char* op, const int bad[4], const FwdParams& p) {
 void check_kv_format(const char* op, int64_t kv_format, const Tensor& k_cache,
                      const Tensor& v_cache, const std::optional<Tensor>& k_descale,
                      const std::optional<Tensor>& v_descale, const Tensor& q, int64_t batch) {
-  FA2_CHECK(kv_format == kKvF16 || kv_format == kKvE4M3 || kv_format == kKvE5M2, op,
-            "kv_format must be 0 (float16), 1 (fp8 e4m3) or 2 (fp8 e5m2), got ", kv_format);
+  FA2_CHECK(kv_format >= kKvF16 && kv_format <= kKvInt8, op, "kv_format must be 0 (float16), "
+            "1 (fp8 e4m3), 2 (fp8 e5m2) or 3 (int8 with row scales), got ", kv_format);
   FA2_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), op, "k_cache has dtype ",
             scalar_name(k_cache.scalar_type()), " but v_cache ",
             scalar_name(v_cache.scalar_type()), "; both caches must have one dtype");
   const ScalarType t = k_cache.scalar_type();
-  const char* names[] = {"float16", "fp8 e4m3", "fp8 e5m2"};
-  const bool ok = kv_format == kKvF16 ? t == ScalarType::Half
-                  : t == ScalarType::Byte ||
-                        t == (kv_format == kKvE4M3 ? ScalarType::Float8_e4m3fn
-                                                   : ScalarType::Float8_e5m2);
+  const char* names[] = {"float16", "fp8 e4m3", "fp8 e5m2", "int8"};
+  const bool ok = kv_format == kKvF16    ? t == ScalarType::Half
+                  : kv_format == kKvInt8 ? t == ScalarType::Char
+                                         : t == ScalarType::Byte ||
+                                               t == (kv_format == kKvE4M3
+                                                         ? ScalarType::Float8_e4m3fn
+                                                         : ScalarType::Float8_e5m2);
   FA2_CHECK(ok, op, "the KV cache has dtype ", scalar_name(t), " but kv_format is ",
             names[kv_format], "; caches are float16, float8_e4m3fn or float8_e5m2 (or uint8 "
-            "holding fp8 codes, with the format named)");
+            "holding fp8 codes, with the format named), or int8 with row scales");
   const int64_t kv_heads = k_cache.size(2);
+  if (kv_format == kKvInt8) {
+    // the scale of every cached row: [num_blocks, page_size, kv_heads] (paged) or
+    // [batch_cache, seqlen_cache, kv_heads], any strides (vLLM's are views into the cache)
+    for (auto [n, d] : {std::pair<const char*, const std::optional<Tensor>*>{"k_scale_cache", &k_descale},
+                        {"v_scale_cache", &v_descale}}) {
+      FA2_CHECK(d->has_value(), op, "an int8 cache needs ", n, " (float32 [", k_cache.size(0),
+                ", ", k_cache.size(1), ", ", kv_heads, "]: the scale of each cached row)");
+      const Tensor& x = **d;
+      check_cuda(op, n, x, q);
+      FA2_CHECK(x.scalar_type() == ScalarType::Float, op, n, " has dtype ",
+                scalar_name(x.scalar_type()), "; scale caches are float32");
+      FA2_CHECK(x.dim() == 3 && x.size(0) == k_cache.size(0) && x.size(1) == k_cache.size(1) &&
+                    x.size(2) == kv_heads, op, n, " has shape ", shape_str(x), "; it must be [",
+                k_cache.size(0), ", ", k_cache.size(1), ", ", kv_heads, "] (the cache's first "
+                "three dims: one scale per cached row and kv head)");
+    }
+    return;
+  }
   for (auto [n, d] : {std::pair<const char*, const std::optional<Tensor>*>{"k_descale", &k_descale},
                       {"v_descale", &v_descale}}) {
     if (!d->has_value()) continue;
@@ -602,9 +622,17 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   FA2_CHECK(k_cache.size(3) == hd, op, "q has head dim ", hd, " but k_cache has ",
             k_cache.size(3));
   check_heads(op, hd, heads, kv_heads);
-  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k_cache", &k_cache},
-                      {"v_cache", &v_cache}, {"out", &out}})
-    check_layout(op, n, *t);
+  check_layout(op, "q", q);
+  check_layout(op, "out", out);
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"k_cache", &k_cache},
+                      {"v_cache", &v_cache}}) {
+    if (kv_format == kKvInt8)  // vLLM's int8 rows are 4-byte aligned (each ends in its scale)
+      FA2_CHECK(t->stride(3) == 1 && aligned(*t, 4, 4), op, n, " (shape ", shape_str(*t),
+                ", strides ", strides_str(*t), ") must have a contiguous last dimension and "
+                "start (rows, pages) at multiples of 4 bytes");
+    else
+      check_layout(op, n, *t);
+  }
   const int64_t B = varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
   const int64_t total_q = varlen ? q.size(0) : q.size(0) * q.size(1);
   const int64_t sq_max = varlen ? max_seqlen_q : q.size(1);
@@ -720,11 +748,22 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   p.lse_accum = split ? static_cast<float*>(lse_accum.mutable_data_ptr()) : nullptr;
   p.accum_rows = static_cast<int>(accum_rows);
   p.kv_format = static_cast<int>(kv_format);
-  // 8-bit caches load 16 codes at once where every row (and page) starts 16-byte aligned:
-  // strides of 16 one-byte elements
-  p.kv_align16 = kv_format != kKvF16 && aligned(k_cache, 16) && aligned(v_cache, 16);
-  set_descale(p.k_descale, p.k_descale_stride, k_descale);
-  set_descale(p.v_descale, p.v_descale_stride, v_descale);
+  // 8-bit caches load 16 codes at once where every row (and page) starts 16-byte aligned
+  // (strides of 16 one-byte elements), else 8 or (int8) 4 at a time
+  p.kv_align = 4;
+  for (int a : {16, 8})
+    if (p.kv_align == 4 && aligned(k_cache, a, a) && aligned(v_cache, a, a)) p.kv_align = a;
+  if (kv_format == kKvInt8) {
+    for (auto [ptr, stride, x] :
+         {std::tuple{&p.k_row_scale, &p.k_row_scale_stride, &*k_descale},
+          std::tuple{&p.v_row_scale, &p.v_row_scale_stride, &*v_descale}}) {
+      *ptr = static_cast<const float*>(x->const_data_ptr());
+      for (int d = 0; d < 3; ++d) (*stride)[d] = x->stride(d);
+    }
+  } else {
+    set_descale(p.k_descale, p.k_descale_stride, k_descale);
+    set_descale(p.v_descale, p.v_descale_stride, v_descale);
+  }
 
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(op, q);

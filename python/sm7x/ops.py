@@ -15,7 +15,8 @@ first use, once per process, from the installed package or ``$SM7X_LIBRARY_PATH`
 - ``reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
   k_scale, v_scale)``: scatter ``[tokens, kv_heads, head_size]`` into paged caches
   ``[blocks, block_size, kv_heads, head_size]`` at ``slot = block * block_size + offset``;
-  negative slots are skipped; fp8 caches (E4M3, E5M2) hold ``round(x / scale)``
+  negative slots are skipped; fp8 caches (E4M3, E5M2) hold ``round(x / scale)``, int8
+  caches (``"int8_per_token_head"``) ``round(x / s)`` with ``s`` per row, into scale caches
 
 dtypes: float16, bfloat16 and float32 (all arithmetic in float32) on CPU and CUDA.
 
@@ -81,7 +82,8 @@ def _register_fakes() -> None:
         return None
 
     def fake_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                               kv_cache_dtype="auto", k_scale=None, v_scale=None):
+                               kv_cache_dtype="auto", k_scale=None, v_scale=None,
+                               k_scale_cache=None, v_scale_cache=None):
         return None
 
     for name, fn in (
@@ -375,7 +377,9 @@ FP8_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                       value_cache: torch.Tensor, slot_mapping: torch.Tensor,
                       kv_cache_dtype: str = "auto", k_scale: Optional[torch.Tensor] = None,
-                      v_scale: Optional[torch.Tensor] = None) -> None:
+                      v_scale: Optional[torch.Tensor] = None,
+                      k_scale_cache: Optional[torch.Tensor] = None,
+                      v_scale_cache: Optional[torch.Tensor] = None) -> None:
     """Writes ``key``/``value`` ``[tokens, kv_heads, head_size]`` into the paged caches.
 
     Caches: ``[num_blocks, block_size, kv_heads, head_size]`` (the layout the FA2 kernels
@@ -390,7 +394,13 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     the format's float8 dtype) holding ``round(x / k_scale)`` (``v_scale`` for values):
     nearest even, saturated to the format's largest finite value (448 / 57344; +-inf too),
     NaN kept, as vLLM writes them. The scales are float32 tensors of one element on the
-    caches' device (read there, no sync).
+    caches' device (read there, no sync). ``"int8_per_token_head"``: torch.int8 caches and
+    a scale per cached row, written into ``k_scale_cache`` / ``v_scale_cache`` (float32
+    ``[num_blocks, block_size, kv_heads]``, any strides: vLLM's are views into its cache):
+    ``s = max(absmax(row) / 127, 1e-6)``, codes ``x * (1 / s)`` rounded half away from zero
+    and clamped to [-128, 127], as vLLM's Triton writer does; non-finite values do not count
+    in the absmax, +inf saturates to 127, -inf to -128 and NaN is stored as 0 (int8 has
+    neither).
     """
     op = "reshape_and_cache"
     load_library()
@@ -420,9 +430,21 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
             if s.device != key_cache.device:
                 raise ValueError(f"sm7x.{op}: {name} is on {s.device} but the caches are on "
                                  f"{key_cache.device}; move it there")
+    elif kv_cache_dtype == "int8_per_token_head":
+        for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+            if t.dtype != torch.int8:
+                raise ValueError(f"sm7x.{op}: {name} has dtype {t.dtype} but kv_cache_dtype "
+                                 f"'int8_per_token_head' stores int8 codes: allocate it as "
+                                 f"torch.int8")
+        for name, t in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+                raise ValueError(f"sm7x.{op}: {name} must be a float32 tensor [num_blocks, "
+                                 f"block_size, num_kv_heads] with kv_cache_dtype "
+                                 f"'int8_per_token_head' (it receives each row's scale), got "
+                                 f"{_describe(t)}")
     else:
         raise ValueError(f"sm7x.{op}: kv_cache_dtype {kv_cache_dtype!r} is not one of 'auto', "
-                         f"{', '.join(map(repr, FP8_CACHE_DTYPES))}")
+                         f"{', '.join(map(repr, FP8_CACHE_DTYPES))}, 'int8_per_token_head'")
     if slot_mapping.dtype not in INDEX_DTYPES:
         raise ValueError(
             f"sm7x.{op}: slot_mapping has dtype {slot_mapping.dtype}; it must be int64 or int32"
@@ -443,11 +465,15 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
             f"num_kv_heads, head_size], got {tuple(key_cache.shape)} and "
             f"{tuple(value_cache.shape)}"
         )
-    _args.check_writes(f"sm7x.{op}", {"key_cache": key_cache, "value_cache": value_cache},
+    written = {"key_cache": key_cache, "value_cache": value_cache}
+    if kv_cache_dtype == "int8_per_token_head":
+        written.update(k_scale_cache=k_scale_cache, v_scale_cache=v_scale_cache)
+    _args.check_writes(f"sm7x.{op}", written,
                        {"key": key, "value": value, "slot_mapping": slot_mapping})
     slots = key_cache.shape[0] * key_cache.shape[1]
     _check_indices(op, "slot_mapping", slot_mapping, slots,
                    f"the cache ({key_cache.shape[0]} blocks x {key_cache.shape[1]} = {slots} "
                    f"slots)", skip_negative=True)
     torch.ops.sm7x.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                                     kv_cache_dtype, k_scale, v_scale)
+                                     kv_cache_dtype, k_scale, v_scale, k_scale_cache,
+                                     v_scale_cache)

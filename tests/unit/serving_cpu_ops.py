@@ -1,7 +1,7 @@
 """A CPU stand-in for the FA2 libraries' serving op (``fwd_serving``), for the tests of
 what sits above it (torch.compile through the serving entry points, the vLLM backend):
 the keys each sequence sees are gathered from the paged or contiguous cache exactly as the
-kernels address them (an 8-bit cache's codes times its descales), and the float64
+kernels address them (an 8-bit cache's codes times its descales or row scales), and the float64
 reference of tests/gpu/fa2_reference.py gives out and lse.
 
 ``use(monkeypatch)`` routes sm7x.fa2's serving path to it on CPU tensors (the CUDA-only
@@ -53,6 +53,13 @@ class ServingReference:
                 codes = _CODES[kv_format]
                 k = k.view(torch.uint8).view(codes).double() * k_descale.double()
                 v = v.view(torch.uint8).view(codes).double() * v_descale.double()
+            elif kv_format == 3:  # int8: codes x their row's scale (k_descale: scale caches)
+                if block_table is not None:
+                    ks, vs = k_descale[pages, pos % ps], v_descale[pages, pos % ps]
+                else:
+                    ks, vs = k_descale[row, :n], v_descale[row, :n]
+                k = k.double() * ks.double()[..., None]
+                v = v.double() * vs.double()[..., None]
             k, v = k.double(), v.double()
             qs = slice(int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])) if varlen else b
             o, l = reference(q[qs][None].double(), k[None], v[None], scale, causal,

@@ -98,6 +98,9 @@ def test_bytes_and_bandwidth():
     assert D.qo_bytes(16) == 2 * 16 * 32 * 128 * 2
     assert D.useful_bytes(16, 32768) == 2 * GiB + D.qo_bytes(16)
     assert D.useful_bytes(2, 100, q_per_seq=5) == D.kv_bytes(2, 100) + D.qo_bytes(10)
+    # int8: one byte per element plus each K and V row's float32 scale
+    assert D.useful_bytes(2, 100, kv_dtype="int8_per_token_head") == (
+        D.kv_bytes(2, 100, elem=1) + 2 * 100 * D.KV_HEADS * 2 * 4 + D.qo_bytes(2))
     assert D.gbps(2_000_000_000, 1e-3) == pytest.approx(2000.0)
     assert D.gbps(10, None) is None and D.gbps(10, 0.0) is None
     assert D.ratio(2.0, 1.0) == 2.0 and D.ratio(None, 1.0) is None and D.ratio(1.0, None) is None
@@ -406,7 +409,9 @@ def test_parse_kv_dtypes():
     assert D.parse_kv_dtypes("fp8_e4m3") == ["fp16", "fp8_e4m3"]
     assert D.parse_kv_dtypes(" FP8_E5M2, fp16,fp8_e5m2") == ["fp16", "fp8_e5m2"]
     assert D.parse_kv_dtypes("fp8") == ["fp16", "fp8_e4m3"]  # vLLM's name for E4M3
-    assert D.parse_kv_dtypes("all") == ["fp16", "fp8_e4m3", "fp8_e5m2"] == list(D.KV_DTYPES)
+    assert D.parse_kv_dtypes("int8") == ["fp16", "int8_per_token_head"]
+    assert D.parse_kv_dtypes("all") == ["fp16", "fp8_e4m3", "fp8_e5m2",
+                                        "int8_per_token_head"] == list(D.KV_DTYPES)
     assert D.parse_args(["--kv-dtype", "all"]).kv_dtypes == list(D.KV_DTYPES)
     for bad, what in (("int8", "'int8'"), ("fp16,bf16", "'bf16'"), ("fp8_e4m3fn", "'fp8_e4m3fn'")):
         with pytest.raises(ValueError, match=what) as e:

@@ -597,6 +597,92 @@ def test_fp8_cache_bad_inputs(device):
 
 
 # ---------------------------------------------------------------------------------------
+# reshape_and_cache into int8 caches with a scale per (token, kv head) row (vLLM's
+# "int8_per_token_head"): the scales go into scale caches [blocks, block_size, kv_heads].
+
+
+def int8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's Triton writer in float32: s = max(absmax / 127, 1e-6), x * (1 / s) rounded half
+    away from zero, clamped to [-128, 127]; sm7x's choices where int8 has no value: the
+    absmax over finite values, NaN -> 0 (+-inf come out of the clamp)."""
+    xf = x.float()
+    absmax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax(-1)
+    s = torch.clamp(absmax / 127, min=1e-6)
+    q = xf * (1 / s)[..., None]
+    q = torch.where(q >= 0, q + 0.5, q - 0.5).clamp(-128, 127).trunc()
+    return torch.where(torch.isnan(xf), torch.zeros_like(q), q).to(torch.int8), s
+
+
+def write_int8(key, value, slots, device, blocks=4, block=16):
+    """Caches full of a sentinel (codes 0x55, scales -1) and strided scale caches (views
+    into a wider tensor, as vLLM's are), written through reshape_and_cache."""
+    heads = key.shape[1]
+    kc = torch.full((blocks, block, heads, key.shape[2]), 0x55, dtype=torch.int8, device=device)
+    vc = torch.full((blocks, block, heads, value.shape[2]), 0x55, dtype=torch.int8, device=device)
+    ks, vs = (torch.full((blocks, block, heads, 3), -1.0, device=device)[..., 1] for _ in range(2))
+    ops.reshape_and_cache(key.to(device), value.to(device), kc, vc, slots.to(device),
+                          "int8_per_token_head", k_scale_cache=ks, v_scale_cache=vs)
+    return kc.cpu(), vc.cpu(), ks.cpu(), vs.cpu()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_cache_write_codes_scales_and_padding(device, dtype):
+    key = (torch.randn(40, 3, 40) * torch.logspace(-3, 2, 40)[:, None, None]).to(dtype)
+    value = torch.randn(40, 3, 24).to(dtype)
+    slots = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:40]
+    slots[[3, 17]] = -1  # padding tokens: nothing written
+    kc, vc, ks, vs = write_int8(key, value, slots, device)
+    keep = slots >= 0
+    for cache, scales, x in ((kc, ks, key), (vc, vs, value)):
+        codes, s = int8_reference(x[keep])
+        flat, fs = cache.reshape(64, 3, -1), scales.reshape(64, 3)
+        assert torch.equal(flat[slots[keep]], codes)
+        assert torch.equal(fs[slots[keep]], s)
+        rest = torch.ones(64, dtype=torch.bool)
+        rest[slots[keep]] = False
+        assert (flat[rest] == 0x55).all() and (fs[rest] == -1).all()
+
+
+def test_int8_cache_write_rounds_half_away_and_handles_non_finite(device):
+    row = torch.tensor([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 127.0, -127.0])  # absmax 127: scale 1
+    x = torch.stack([row, torch.zeros(8), torch.tensor([1.0, float("inf"), float("-inf"),
+                                                        float("nan"), -2.0, 0, 0, 0]),
+                     torch.full((8,), 60000.0)]).to(torch.float16)[:, None]  # [4, 1, 8]
+    kc, _, ks, _ = write_int8(x, x, torch.arange(4), device)
+    codes, scales = kc.reshape(64, 8)[:4], ks.reshape(64)[:4]
+    assert codes[0].tolist() == [-3, -2, -1, 1, 2, 3, 127, -127] and scales[0] == 1.0
+    assert codes[1].tolist() == [0] * 8 and scales[1] == torch.tensor(1e-6)  # the floor
+    # absmax over the finite values (2): scale 2/127; +inf -> 127, -inf -> -128, NaN -> 0
+    assert codes[2].tolist() == [64, 127, -128, 0, -127, 0, 0, 0]
+    assert scales[2] == torch.tensor(2.0) / 127
+    assert codes[3].tolist() == [127] * 8
+    want, _ = int8_reference(x)
+    assert torch.equal(kc.reshape(64, 1, 8)[:4], want)
+
+
+def test_int8_cache_bad_inputs(device):
+    key = torch.randn(2, 2, 8, device=device)
+    kc = torch.zeros(4, 16, 2, 8, dtype=torch.int8, device=device)
+    ks = torch.zeros(4, 16, 2, device=device)
+    slots = torch.tensor([0, 1], device=device)
+    with pytest.raises(ValueError, match=r"k_scale_cache must be a float32 tensor \[num_blocks"):
+        ops.reshape_and_cache(key, key, kc, kc.clone(), slots, "int8_per_token_head")
+    with pytest.raises(ValueError, match=r"stores int8 codes: allocate it as torch.int8"):
+        ops.reshape_and_cache(key, key, kc.view(torch.uint8), kc.clone(), slots,
+                              "int8_per_token_head", k_scale_cache=ks, v_scale_cache=ks.clone())
+    op = torch.ops.sm7x.reshape_and_cache  # the C++ checks behind the Python ones
+    with pytest.raises(RuntimeError, match=r"v_scale_cache has shape \[4, 8, 2\]; it must be "
+                                           r"\[4, 16, 2\]"):
+        op(key, key, kc, kc.clone(), slots, "int8_per_token_head", None, None, ks,
+           ks[:, :8].clone())
+    with pytest.raises(RuntimeError, match=r"k_scale_cache has dtype float16; it must be float32"):
+        op(key, key, kc, kc.clone(), slots, "int8_per_token_head", None, None, ks.half(), ks)
+    with pytest.raises(RuntimeError, match=r"apply to kv_cache_dtype 'int8_per_token_head' only"):
+        op(key, key, kc.view(torch.uint8), kc.view(torch.uint8).clone(), slots, "fp8",
+           torch.ones(1, device=device), torch.ones(1, device=device), ks, ks.clone())
+
+
+# ---------------------------------------------------------------------------------------
 # Properties over random shapes (bounded).
 
 hypothesis = pytest.importorskip("hypothesis")

@@ -42,6 +42,10 @@ def test_kernel_threads_follow_the_warp_rows_of_the_name():
     assert kernels.kernel_key(kv8) == (128, 128, 32, True, True)
     assert kernels.kernel_key(wide.replace("ELb1EEEv", "ELb1ELb0EEEv")) == (128, 128, 32, True, False)
     assert kernels.kernel_threads(kv8) == 256
+    # since int8 caches: an int (fa2.h KvRead), 0 fp16, 1 fp8, 2 int8 with row scales
+    for read in (0, 1, 2):
+        named = wide.replace("ELb1EEEv", f"ELb1ELi{read}EEEv")
+        assert kernels.kernel_key(named) == (128, 128, 32, True, read)
     # a library built before warp_rows existed: no last argument, 16 rows per warp
     old = "_ZN4sm7x3fa24sm7510fwd_kernelINS1_9FwdConfigILi128ELi128ELi64ELNS0_10KvPrefetchE1ELb1EEELb0EEEvNS0_9FwdParamsE"
     assert kernels.kernel_key(old) == (128, 128, 64, False, False)

@@ -143,7 +143,7 @@ def test_explicit_backend_is_vllms_business(on_gpu, fa2_libraries, monkeypatch):
 
 @pytest.mark.parametrize("change, why", [
     (dict(dtype=torch.bfloat16), "--dtype float16"),
-    (dict(kv_cache_dtype="int8_per_token_head"), "--kv-cache-dtype auto, fp8"),
+    (dict(kv_cache_dtype="fp8_per_token_head"), "--kv-cache-dtype auto, fp8"),
     (dict(head_size=100), "head size 100"),
     (dict(has_sink=True), "sinks"),
     (dict(use_mla=True), "MLA"),
@@ -244,10 +244,10 @@ def test_test_aid_forced_library_must_be_installed(on_gpu, custom_backend_clear,
 def test_backend_declarations():
     assert Backend.supported_dtypes == [F16]
     assert set(Backend.supported_kv_cache_dtypes) == {"auto", "float16", "fp8", "fp8_e4m3",
-                                                      "fp8_e5m2"}
-    for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+                                                      "fp8_e5m2", "int8_per_token_head"}
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head"):
         assert Backend.supports_kv_cache_dtype(name)
-    assert not Backend.supports_kv_cache_dtype("int8_per_token_head")
+    assert not Backend.supports_kv_cache_dtype("fp8_per_token_head")
     # sm7x.ops.reshape_and_cache writes with one scale per tensor
     assert not Backend.supports_per_head_quant_scales()
     assert Backend.supports_sliding_window()
@@ -272,7 +272,7 @@ def impl(**kw):
 
 
 @pytest.mark.parametrize("change, exc, match", [
-    (dict(kv_cache_dtype="int8_per_token_head"), ValueError, "--kv-cache-dtype auto, fp8"),
+    (dict(kv_cache_dtype="fp8_per_token_head"), ValueError, "--kv-cache-dtype auto, fp8"),
     (dict(kv_cache_dtype="bfloat16"), ValueError, "--kv-cache-dtype auto"),
     (dict(alibi_slopes=[1.0] * 8), NotImplementedError, "ALiBi"),
     (dict(sinks=torch.zeros(8)), NotImplementedError, "sinks"),
@@ -305,23 +305,35 @@ def test_impl_options():
 # the KV cache as vLLM allocates it
 
 
+def int8_spec(block_size, hk, d):
+    """vLLM's spec of an int8_per_token_head layer, as its Attention layer makes it."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
+
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=hk, head_size=d,
+                             dtype=torch.int8, kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD)
+
+
 def vllm_kv_cache(num_blocks, block_size, hk, d, layout="NHD", monkeypatch=None,
-                  dtype=F16):
+                  dtype=F16, kv_cache_dtype="auto"):
     """One layer's cache the way vLLM's model runner makes it: memory in the physical
-    order, handed to the backend as the logical [blocks, heads, tokens, 2D] view. 0.26
-    asks the backend for shape and order; 0.33's logical shape is fixed and the layout
-    (LBNHC = NHD by default) decides the order."""
+    order, handed to the backend as the logical [blocks, heads, tokens, content] view.
+    0.26 asks the backend for shape and order; 0.33's logical shape is fixed (its content
+    bytes from the backend's customize_spec) and the layout (LBNHC = NHD by default)
+    decides the order."""
     if V026:
         if monkeypatch is not None:
             import vllm.v1.attention.backends.utils as u
             monkeypatch.setattr(u, "get_kv_cache_layout", lambda: layout)
-        shape = Backend.get_kv_cache_shape(num_blocks, block_size, hk, d)
+        shape = Backend.get_kv_cache_shape(num_blocks, block_size, hk, d, kv_cache_dtype)
         order = Backend.get_kv_cache_stride_order()
     else:
         from vllm.v1.kv_cache_layout import KVCacheLayout
 
         assert Backend.supported_kv_cache_layouts() is None  # any layout
-        shape = (num_blocks, hk, block_size, 2 * d)
+        content = 2 * d
+        if kv_cache_dtype == "int8_per_token_head":
+            content = Backend.customize_spec(int8_spec(block_size, hk, d)).state_content_bytes
+        shape = (num_blocks, hk, block_size, content)
         order = (KVCacheLayout.LBNHC if layout == "NHD" else KVCacheLayout.LBHNC).layer_view_order
     physical = torch.zeros([shape[i] for i in order], dtype=dtype)
     inverse = [order.index(i) for i in range(4)]
@@ -546,6 +558,57 @@ def test_forward_over_an_fp8_cache(reference_kernel, monkeypatch, on_gpu, kv_cac
         # the format's error (2^-mantissa of the largest value), not a lost scale
         bound = 2.0 ** -(2 if kv_cache_dtype == "fp8_e5m2" else 3) * v.float().abs().max()
         assert (got - exact).abs().max().item() < bound
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_forward_over_an_int8_cache(reference_kernel, monkeypatch, on_gpu, layout):
+    """--kv-cache-dtype int8_per_token_head: vLLM gives the backend an int8 cache whose
+    (kv head, slot) rows are [K codes | K scale | V codes | V scale] (0.26: the backend's
+    get_kv_cache_shape; 0.33: its customize_spec; the scale bytes are in vLLM's page size
+    either way); do_kv_cache_update stores each row's codes and scale (sm7x.ops, CPU here)
+    and forward hands the kernel op the codes and the scale views: attention over the
+    dequantized cache, within int8's error of the fp16 one."""
+    pytest.importorskip("sm7x._core_loader").load()
+    on_gpu(7, 5)
+    h, hk, d, bs = 8, 2, 64, 16
+    query_lens, seq_lens = [5, 1, 1], [5, 40, 23]
+    m = common_metadata(query_lens, seq_lens, block_size=bs, max_blocks=3, seed=5)
+    g = torch.Generator().manual_seed(2)
+    keys = [torch.randn(n, hk, d, generator=g).to(F16) * 3 for n in seq_lens]
+    vals = [torch.randn(n, hk, d, generator=g).to(F16) for n in seq_lens]
+    qs = [torch.randn(ql, h, d, generator=g).to(F16) for ql in query_lens]
+    kv = vllm_kv_cache(m.block_table_tensor.numel(), bs, hk, d, layout, monkeypatch,
+                       dtype=torch.int8, kv_cache_dtype="int8_per_token_head")
+    assert kv.shape[-1] == 2 * (d + 4)
+    spec = int8_spec(bs, hk, d)  # vLLM's page size holds the padded rows exactly
+    spec = spec if V026 else Backend.customize_spec(spec)
+    assert spec.page_size_bytes == bs * hk * 2 * (d + 4)
+    layer_impl = impl(num_heads=h, num_kv_heads=hk, head_size=d, scale=d ** -0.5,
+                      kv_cache_dtype="int8_per_token_head")
+    layer = types.SimpleNamespace(_k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0))
+    bt = m.block_table_tensor
+    slots = torch.tensor([int(bt[r, p // bs]) * bs + p % bs
+                          for r, n in enumerate(seq_lens) for p in range(n)], dtype=torch.int64)
+    layer_impl.do_kv_cache_update(layer, torch.cat(keys), torch.cat(vals), kv, slots)
+    md = builder().build(0, m)
+    query = torch.cat(qs)
+    output = torch.full((query.shape[0], h, d), float("nan"), dtype=F16)
+    layer_impl.forward(layer, query, None, None, kv, md, output)
+    assert reference_kernel.calls == 1 and reference_kernel.kv_format == 3
+
+    def stored(x):  # what the cache holds, dequantized: row codes x row scale
+        s = (x.float().abs().amax(-1) / 127).clamp(min=1e-6)
+        q = x.float() / s[..., None]
+        q = torch.where(q >= 0, q + 0.5, q - 0.5).clamp(-128, 127).trunc()
+        return q * s[..., None]
+
+    last = [0, *itertools.accumulate(query_lens)]
+    for i, (q, k, v) in enumerate(zip(qs, keys, vals)):
+        got = output[last[i]:last[i + 1]].float()
+        want = reference(q.float(), stored(k), stored(v), d ** -0.5)
+        assert (got - want).abs().max().item() < 2e-3
+        exact = reference(q.float(), k.float(), v.float(), d ** -0.5)
+        assert (got - exact).abs().max().item() < v.float().abs().max() / 64
 
 
 def test_profiling_run_without_metadata():

@@ -37,6 +37,7 @@ struct ServingWork {
   int64_t q_off;     // element offset of (first token, head hk * group) in p.q
   int64_t k_off, v_off;     // contiguous cache: the sequence's first key; paged: kv head
   const int32_t* pages;     // paged: the sequence's block_table row; else null
+  int cache_row, k0;        // contiguous cache: the sequence's row and first key
 };
 
 __device__ __forceinline__ ServingWork serving_work(const FwdParams& p, int z, int hk) {
@@ -80,6 +81,8 @@ __device__ __forceinline__ ServingWork serving_work(const FwdParams& p, int z, i
     const int row = p.cache_batch_idx != nullptr
                         ? clamp_int(p.cache_batch_idx[w.b], 0, p.num_pages - 1)
                         : w.b;
+    w.cache_row = row;
+    w.k0 = k0;
     w.k_off += (int64_t)row * p.k_batch_stride + (int64_t)k0 * p.k_row_stride;
     w.v_off += (int64_t)row * p.v_batch_stride + (int64_t)k0 * p.v_row_stride;
   }
@@ -137,6 +140,48 @@ __device__ __forceinline__ void widen_fp8x16(const uint4& c, int shift, uint4& l
   lo = widen_fp8x8(make_uint2(c.x, c.y), shift);
   hi = widen_fp8x8(make_uint2(c.z, c.w), shift);
 }
+
+// int8 codes (kKvInt8): each pair becomes two fp16 by the magic-number trick (the byte
+// under exponent 0x64 is 1024 + code + 128 as an fp16, exact; minus 1152 leaves the code,
+// exact too). The row's scale is not applied here but to the scores (K) and the
+// probabilities (V) in fp32, as vLLM's Triton kernel does (kv_row_scale below), so the
+// tile holds exact integers and no product is rounded to fp16.
+__device__ __forceinline__ uint32_t int8x2_to_half2(uint32_t biased, int sel) {
+  const uint32_t w = __byte_perm(biased, 0x64646464u, sel);  // [c_lo + 128, 0x64, c_hi + 128, 0x64]
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&w), __float2half2_rn(1152.f));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// 16 int8 codes of one row -> 16 fp16 (two 16-byte chunks of the shared tile).
+__device__ __forceinline__ void widen_int8x16(const uint4& c, uint4& lo, uint4& hi) {
+  const uint32_t b[4] = {c.x ^ 0x80808080u, c.y ^ 0x80808080u, c.z ^ 0x80808080u,
+                         c.w ^ 0x80808080u};
+  lo = make_uint4(int8x2_to_half2(b[0], 0x5140), int8x2_to_half2(b[0], 0x5342),
+                  int8x2_to_half2(b[1], 0x5140), int8x2_to_half2(b[1], 0x5342));
+  hi = make_uint4(int8x2_to_half2(b[2], 0x5140), int8x2_to_half2(b[2], 0x5342),
+                  int8x2_to_half2(b[3], 0x5140), int8x2_to_half2(b[3], 0x5342));
+}
+
+// An int8 tile's row scales live in shared memory beside the codes, in each row's padding
+// (the 8 halves past the head dim: ldmatrix never reads them), written with the row.
+template <class C>
+__device__ __forceinline__ float* kv_row_scale_slot(__half* tile, int row) {
+  static_assert(C::kStride >= C::kHeadDim + 2, "int8 caches keep a float in each row's padding");
+  return reinterpret_cast<float*>(tile + row * C::kStride + C::kHeadDim);
+}
+
+template <class C>
+__device__ __forceinline__ float kv_row_scale(const __half* tile, int row) {
+  return *reinterpret_cast<const float*>(tile + row * C::kStride + C::kHeadDim);
+}
+
+// A K or V tile in flight from global memory to shared memory: the loads (fp16 chunks or
+// 16 codes each) and, over an int8 cache, the scale of each load's row.
+template <int LOADS, int KV>
+struct KvStage {
+  uint4 r[LOADS];
+  float scale[KV == kReadRowScaled ? LOADS : 1];
+};
 
 // The factors the scores and the output still need for an 8-bit cache as stored: the
 // descales (per tensor, kv head or (sequence, kv head)), and 2^8 for E4M3 codes (read as
@@ -206,10 +251,13 @@ __host__ __device__ constexpr int kv_tile_loads() {
 
 // Rows [n0, n0 + BC) of an 8-bit cache tile into registers, 16 codes per uint4 (g: the
 // kv head's first byte; strides in bytes). One 16-byte load where the chunk is whole and
-// the cache's rows are 16-byte aligned (p.kv_align16, set by the op), else two 8-byte loads
-// (rows 8-byte aligned; a head dim that is an odd multiple of 8 ends in half a pair).
-template <class C, int LOADS>
-__device__ __forceinline__ void load_code_tile(uint4 (&r)[LOADS], const unsigned char* g,
+// the cache's rows are 16-byte aligned (p.kv_align, set by the op), else 8-byte loads
+// (a head dim that is an odd multiple of 8 ends in half a pair), or 4-byte ones (vLLM's
+// int8 rows, each followed by its 4-byte scale). KV == kReadRowScaled: each row's scale
+// too (rs: the kv head's scale cache; paged by block and slot, contiguous by row).
+template <class C, int KV, int LOADS>
+__device__ __forceinline__ void load_code_tile(KvStage<LOADS, KV>& st, const unsigned char* g,
+                                               const float* rs, const int64_t (&rs_stride)[3],
                                                const int (&pg)[LOADS], const FwdParams& p,
                                                bool paged, int64_t page_stride,
                                                int64_t row_stride, int n0, int n, int tid) {
@@ -220,38 +268,56 @@ __device__ __forceinline__ void load_code_tile(uint4 (&r)[LOADS], const unsigned
     tile_coord<T>(i, tid, row, c);
     const int j = n0 + row;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (in_tile<T, C::kBlockN>(i, tid) && j < n && c * 16 < p.head_dim) {
-      const int64_t off = paged ? (int64_t)pg[i] * page_stride +
-                                      (int64_t)(j & ((1 << p.page_shift) - 1)) * row_stride
+    const bool live = in_tile<T, C::kBlockN>(i, tid) && j < n;
+    const int slot = paged ? j & ((1 << p.page_shift) - 1) : j;
+    if (live && c * 16 < p.head_dim) {
+      const int64_t off = paged ? (int64_t)pg[i] * page_stride + (int64_t)slot * row_stride
                                 : (int64_t)j * row_stride;
       const unsigned char* a = g + off + c * 16;
-      if (p.kv_align16 && c * 16 + 16 <= p.head_dim) {
+      if (p.kv_align == 16 && c * 16 + 16 <= p.head_dim) {
         v = __ldg(reinterpret_cast<const uint4*>(a));
-      } else {
+      } else if (KV != kReadRowScaled || p.kv_align >= 8) {
         const uint2 lo = __ldg(reinterpret_cast<const uint2*>(a));
         const uint2 hi = c * 16 + 8 < p.head_dim ? __ldg(reinterpret_cast<const uint2*>(a + 8))
                                                  : make_uint2(0, 0);
         v = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      } else {
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(a);
+        v.x = __ldg(w);
+        v.y = __ldg(w + 1);
+        if (c * 16 + 8 < p.head_dim) {
+          v.z = __ldg(w + 2);
+          v.w = __ldg(w + 3);
+        }
       }
     }
-    r[i] = v;
+    st.r[i] = v;
+    if constexpr (KV == kReadRowScaled)
+      st.scale[i] = live ? __ldg(rs + (paged ? (int64_t)pg[i] * rs_stride[0] : 0) +
+                                 (int64_t)slot * rs_stride[1])
+                         : 0.f;
   }
 }
 
 // An 8-bit cache tile from registers (load_code_tile) to shared memory as fp16, widened
 // here, after the GEMMs those loads overlapped.
-template <class C, int LOADS>
-__device__ __forceinline__ void store_code_tile(__half* s, const uint4 (&r)[LOADS],
+template <class C, int KV, int LOADS>
+__device__ __forceinline__ void store_code_tile(__half* s, const KvStage<LOADS, KV>& st,
                                                 const FwdParams& p, int tid) {
   using T = CodeTile<C>;
-  const int shift = p.kv_format == kKvE4M3 ? 1 : 0;
+  [[maybe_unused]] const int shift = p.kv_format == kKvE4M3 ? 1 : 0;
 #pragma unroll
   for (int i = 0; i < T::kLoads; ++i) {
     int row, c;
     tile_coord<T>(i, tid, row, c);
     if (in_tile<T, C::kBlockN>(i, tid)) {
       uint4 lo, hi;
-      widen_fp8x16(r[i], shift, lo, hi);
+      if constexpr (KV == kReadRowScaled) {
+        widen_int8x16(st.r[i], lo, hi);
+        if (c == 0) *kv_row_scale_slot<C>(s, row) = st.scale[i];
+      } else {
+        widen_fp8x16(st.r[i], shift, lo, hi);
+      }
       uint4* dst = reinterpret_cast<uint4*>(s + row * C::kStride + c * 16);
       dst[0] = lo;
       dst[1] = hi;
@@ -260,13 +326,13 @@ __device__ __forceinline__ void store_code_tile(__half* s, const uint4 (&r)[LOAD
 }
 
 // A K or V tile from registers to shared memory (fp16 as loaded, or 8-bit codes widened).
-template <class C, bool KV8, int LOADS>
-__device__ __forceinline__ void store_kv(__half* s, const uint4 (&r)[LOADS], const FwdParams& p,
-                                         int tid) {
-  if constexpr (KV8)
-    store_code_tile<C>(s, r, p, tid);
+template <class C, int KV, int LOADS>
+__device__ __forceinline__ void store_kv(__half* s, const KvStage<LOADS, KV>& st,
+                                         const FwdParams& p, int tid) {
+  if constexpr (KV != kReadF16)
+    store_code_tile<C>(s, st, p, tid);
   else
-    store_tile<C, C::kBlockN>(s, r, tid);
+    store_tile<C, C::kBlockN>(s, st.r, tid);
 }
 
 // Row-offset functors for load_tile_rows (Q) / store_o_rows_at (O).
@@ -350,23 +416,34 @@ __device__ __forceinline__ float partial_lse(const SoftmaxScale& sc, float l, fl
 struct CtaWork {
   const __half *qg, *kg, *vg;    // K, V: the sequence's (prefill) or the cache's kv head
   const unsigned char *kc, *vc;  // an 8-bit cache's kv head (KV8)
+  const float *ks, *vs;          // an int8 cache's row scales of this kv head (and row)
   int sq, sk, off, t_lo, t_hi, first_row, last_row;
   ServingWork w;  // serving only
 };
 
-template <int BR, int BC, bool SERVING, bool KV8 = false>
+template <int BR, int BC, bool SERVING, int KV = kReadF16>
 __device__ __forceinline__ bool cta_work(const FwdParams& p, int b, int h, int m0, CtaWork& c) {
   if constexpr (SERVING) {
     c.w = serving_work(p, b, h);
     c.sq = c.w.rows;
     if (m0 >= c.sq) return false;
     c.qg = static_cast<const __half*>(p.q) + c.w.q_off;
-    if constexpr (KV8) {  // one-byte elements: the offsets are bytes
+    if constexpr (KV != kReadF16) {  // one-byte elements: the offsets are bytes
       c.kc = static_cast<const unsigned char*>(p.k) + c.w.k_off;
       c.vc = static_cast<const unsigned char*>(p.v) + c.w.v_off;
     } else {
       c.kg = static_cast<const __half*>(p.k) + c.w.k_off;
       c.vg = static_cast<const __half*>(p.v) + c.w.v_off;
+    }
+    if constexpr (KV == kReadRowScaled) {
+      c.ks = p.k_row_scale + (int64_t)h * p.k_row_scale_stride[2];
+      c.vs = p.v_row_scale + (int64_t)h * p.v_row_scale_stride[2];
+      if (c.w.pages == nullptr) {  // contiguous: the sequence's cache row, from its first key
+        c.ks += (int64_t)c.w.cache_row * p.k_row_scale_stride[0] +
+                (int64_t)c.w.k0 * p.k_row_scale_stride[1];
+        c.vs += (int64_t)c.w.cache_row * p.v_row_scale_stride[0] +
+                (int64_t)c.w.k0 * p.v_row_scale_stride[1];
+      }
     }
     c.sk = c.w.kv_hi;
     c.off = c.w.sk - c.w.sq;
@@ -407,19 +484,20 @@ __device__ __forceinline__ void load_q(uint4 (&r)[C::kQLoads], const FwdParams& 
 // The K (V = false) or V tile of keys n0 .. -> registers. Serving: from the cache, pg
 // holding the pages of this tile's rows (fetch_pages, one tile ahead), fp16 or (KV8) the
 // 8-bit codes; prefill: rows of the sequence.
-template <class C, bool SERVING, bool V, bool KV8, int LOADS, int PAGES>
-__device__ __forceinline__ void load_kv(uint4 (&r)[LOADS], const int (&pg)[PAGES],
+template <class C, bool SERVING, bool V, int KV, int LOADS, int PAGES>
+__device__ __forceinline__ void load_kv(KvStage<LOADS, KV>& st, const int (&pg)[PAGES],
                                         const FwdParams& p, const CtaWork& c, int n0, int tid) {
   const int64_t row_stride = V ? p.v_row_stride : p.k_row_stride;
   const int64_t batch_stride = V ? p.v_batch_stride : p.k_batch_stride;
-  if constexpr (KV8)
-    load_code_tile<C>(r, V ? c.vc : c.kc, pg, p, c.w.pages != nullptr, batch_stride,
-                      row_stride, n0, c.sk, tid);
+  if constexpr (KV != kReadF16)
+    load_code_tile<C>(st, V ? c.vc : c.kc, V ? c.vs : c.ks,
+                      V ? p.v_row_scale_stride : p.k_row_scale_stride, pg, p,
+                      c.w.pages != nullptr, batch_stride, row_stride, n0, c.sk, tid);
   else if constexpr (SERVING)
-    load_cache_tile<C>(r, V ? c.vg : c.kg, pg, c.w.pages != nullptr, p.page_shift,
+    load_cache_tile<C>(st.r, V ? c.vg : c.kg, pg, c.w.pages != nullptr, p.page_shift,
                        batch_stride, row_stride, n0, c.sk, p.head_dim, tid);
   else
-    load_tile<C, C::kBlockN>(r, V ? c.vg : c.kg, row_stride, n0, c.sk, p.head_dim, tid);
+    load_tile<C, C::kBlockN>(st.r, V ? c.vg : c.kg, row_stride, n0, c.sk, p.head_dim, tid);
 }
 
 }  // namespace detail

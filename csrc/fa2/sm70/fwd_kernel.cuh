@@ -81,13 +81,15 @@ struct FwdConfig : TileShape<D, BR, BC, WR> {
 
 // SERVING: the serving instantiation, as in sm75/fwd_kernel.cuh (packed GQA rows, keys
 // from a (paged) cache, split partials; warps without rows skip the GEMMs).
-// KV8 (an 8-bit cache): at least 1 CTA per SM, so that ptxas keeps the registers it
-// needs (left free it chose 168 for the sm70 d112 narrow kernel and spilled 16 bytes);
+// KV (fa2.h KvRead) other than fp16, an 8-bit cache: at least 1 CTA per SM, so that
+// ptxas keeps the registers it needs (left free it chose 168 for the sm70 d112 narrow
+// kernel and spilled 16 bytes);
 // 0 (no minimum) leaves the fp16 kernels' SASS as it was.
-template <class C, bool SERVING, bool KV8 = false>
-__global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const FwdParams p) {
+template <class C, bool SERVING, int KV = kReadF16>
+__global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kernel(const FwdParams p) {
   using namespace nvcuda;
   using namespace detail;
+  constexpr bool KV8 = KV != kReadF16;  // fa2.h KvRead: a cache of one-byte codes
   using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>;
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
   float* stage = reinterpret_cast<float*>(smem_raw) + warp * 256;  // 16x16 fp32, in sK/sV
 
   CtaWork cw;
-  if (!cta_work<BR, BC, SERVING, KV8>(p, b, h, m0, cw)) return;
+  if (!cta_work<BR, BC, SERVING, KV>(p, b, h, m0, cw)) return;
   const int sq = cw.sq, sk = cw.sk, off = cw.off, t_lo = cw.t_lo, t_hi = cw.t_hi;
   const int first_row = cw.first_row, last_row = cw.last_row;
   [[maybe_unused]] const ServingWork& w = cw.w;
@@ -149,11 +151,11 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
   auto fetch = [&](int n0) {
     if constexpr (SERVING) fetch_pages<Tile>(pg, p, w.pages, n0, sk, tid);
   };
-  auto load_k = [&](uint4(&r)[KL], int n0) {
-    load_kv<C, SERVING, false, KV8>(r, pg, p, cw, n0, tid);
+  auto load_k = [&](KvStage<KL, KV>& r, int n0) {
+    load_kv<C, SERVING, false, KV>(r, pg, p, cw, n0, tid);
   };
-  auto load_v = [&](uint4(&r)[KL], int n0) {
-    load_kv<C, SERVING, true, KV8>(r, pg, p, cw, n0, tid);
+  auto load_v = [&](KvStage<KL, KV>& r, int n0) {
+    load_kv<C, SERVING, true, KV>(r, pg, p, cw, n0, tid);
   };
 
   {
@@ -172,15 +174,14 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
   for (int ms = 0; ms < MS; ++ms) row_max[ms] = -INFINITY, row_sum[ms] = 0.f;
   const int row0 = m0 + warp * WR + lr;  // this lane's query row of slice 0
 
-  uint4 stage_k[KL];
-  uint4 stage_v[KL];
+  KvStage<KL, KV> stage_k, stage_v;
   if (t_lo < t_hi) {
     fetch(t_lo * BC);
     load_k(stage_k, t_lo * BC);
     load_v(stage_v, t_lo * BC);
     fetch((t_lo + 1) * BC);
-    store_kv<C, KV8>(sK, stage_k, p, tid);
-    store_kv<C, KV8>(sV, stage_v, p, tid);
+    store_kv<C, KV>(sK, stage_k, p, tid);
+    store_kv<C, KV>(sV, stage_v, p, tid);
   }
   __syncthreads();
 
@@ -252,6 +253,12 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
         s[j][2] = v4.z;
         s[j][3] = v4.w;
       }
+      if constexpr (KV == kReadRowScaled) {  // int8 cache: each key's scale on its score
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[j][e] *= kv_row_scale<C>(sK, j * 8 + half * 4 + e);
+      }
       softcap_scores(s, p, sc.cap_in);
       // s[j][e]: key n0 + 8 j + 4 half + e of this lane's row
       const int row = row0 + ms * 16;
@@ -286,8 +293,16 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
           sum += s[j][e];
         }
         uint2 pk;
-        pk.x = pack_half2(s[j][0], s[j][1]);
-        pk.y = pack_half2(s[j][2], s[j][3]);
+        if constexpr (KV == kReadRowScaled) {  // P times each key's V scale (l unscaled)
+          float v[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[e] = s[j][e] * kv_row_scale<C>(sV, j * 8 + half * 4 + e);
+          pk.x = pack_half2(v[0], v[1]);
+          pk.y = pack_half2(v[2], v[3]);
+        } else {
+          pk.x = pack_half2(s[j][0], s[j][1]);
+          pk.y = pack_half2(s[j][2], s[j][3]);
+        }
         *reinterpret_cast<uint2*>(prow + j * 8 + half * 4) = pk;
       }
       row_sum[ms] = row_sum[ms] * alpha[ms] + sum;  // per-lane partial, reduced at the end
@@ -327,8 +342,8 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
         load_v(stage_v, n0 + BC);
         fetch(n0 + 2 * BC);
       }
-      store_kv<C, KV8>(sK, stage_k, p, tid);
-      store_kv<C, KV8>(sV, stage_v, p, tid);
+      store_kv<C, KV>(sK, stage_k, p, tid);
+      store_kv<C, KV>(sV, stage_v, p, tid);
       __syncthreads();
     }
   }

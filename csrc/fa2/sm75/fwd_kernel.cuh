@@ -71,12 +71,14 @@ struct FwdConfig : TileShape<D, BR, BC, WR, KS> {
 // kv head, partition), the rows are a GQA group's packed query rows, keys come from a
 // (paged) cache and a split sequence writes fp32 partials. Warps whose rows are all past
 // the sequence's rows skip the GEMMs (decode: one token x group rows) but still load tiles.
-// KV8 (an 8-bit cache): at least 1 CTA per SM, so that ptxas keeps the registers it
-// needs (left free it chose 168 for the sm70 d112 narrow kernel and spilled 16 bytes);
+// KV (fa2.h KvRead) other than fp16, an 8-bit cache: at least 1 CTA per SM, so that
+// ptxas keeps the registers it needs (left free it chose 168 for the sm70 d112 narrow
+// kernel and spilled 16 bytes);
 // 0 (no minimum) leaves the fp16 kernels' SASS as it was.
-template <class C, bool SERVING, bool KV8 = false>
-__global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const FwdParams p) {
+template <class C, bool SERVING, int KV = kReadF16>
+__global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kernel(const FwdParams p) {
   using namespace detail;
+  constexpr bool KV8 = KV != kReadF16;  // fa2.h KvRead: a cache of one-byte codes
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
   constexpr int MS = C::kSlices, WR = C::kWarpRows, KS = C::kDimSplit;
   static_assert(KS == 1 || !SERVING, "dim split: prefill only (the serving epilogues write whole rows)");
@@ -98,7 +100,7 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BR;
 
   CtaWork cw;
-  if (!cta_work<BR, BC, SERVING, KV8>(p, b, h, m0, cw)) return;
+  if (!cta_work<BR, BC, SERVING, KV>(p, b, h, m0, cw)) return;
   const int sq = cw.sq, sk = cw.sk, off = cw.off, t_lo = cw.t_lo, t_hi = cw.t_hi;
   const int first_row = cw.first_row, last_row = cw.last_row;
   [[maybe_unused]] const ServingWork& w = cw.w;
@@ -116,11 +118,11 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
   auto fetch = [&](int n0) {
     if constexpr (SERVING) fetch_pages<Tile>(pg, p, w.pages, n0, sk, tid);
   };
-  auto load_k = [&](uint4(&r)[KL], int n0) {
-    load_kv<C, SERVING, false, KV8>(r, pg, p, cw, n0, tid);
+  auto load_k = [&](KvStage<KL, KV>& r, int n0) {
+    load_kv<C, SERVING, false, KV>(r, pg, p, cw, n0, tid);
   };
-  auto load_v = [&](uint4(&r)[KL], int n0) {
-    load_kv<C, SERVING, true, KV8>(r, pg, p, cw, n0, tid);
+  auto load_v = [&](KvStage<KL, KV>& r, int n0) {
+    load_kv<C, SERVING, true, KV>(r, pg, p, cw, n0, tid);
   };
 
   // Q tile -> smem (once).
@@ -158,15 +160,15 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
   // The query position of row r for the masks (serving: its token).
   auto mask_row = [&](int r) { return SERVING ? r / p.group : r; };
 
-  uint4 stage[KL];
-  uint4 stage_v[C::kPrefetchBoth ? KL : 1];
+  KvStage<KL, KV> stage;
+  KvStage<C::kPrefetchBoth ? KL : 1, KV> stage_v;
   if (t_lo < t_hi) {
     fetch(t_lo * BC);
     load_k(stage, t_lo * BC);
-    store_kv<C, KV8>(sK0, stage, p, tid);
+    store_kv<C, KV>(sK0, stage, p, tid);
     load_v(stage, t_lo * BC);
     fetch((t_lo + 1) * BC);
-    store_kv<C, KV8>(sK0 + BC * ST, stage, p, tid);
+    store_kv<C, KV>(sK0 + BC * ST, stage, p, tid);
   }
   __syncthreads();
 
@@ -233,6 +235,20 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
 #pragma unroll
       for (int ms = 0; ms < MS; ++ms) add_partial(s[ms], xs.peer + ms * NT * 32);
     }
+    if constexpr (KV == kReadRowScaled) {  // int8 cache: each key's scale on its score column
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const float k0 = kv_row_scale<C>(sK, i * 8 + tig * 2);
+        const float k1 = kv_row_scale<C>(sK, i * 8 + tig * 2 + 1);
+#pragma unroll
+        for (int ms = 0; ms < MS; ++ms) {
+          s[ms][i][0] *= k0;
+          s[ms][i][1] *= k1;
+          s[ms][i][2] *= k0;
+          s[ms][i][3] *= k1;
+        }
+      }
+    }
     // ---- softcap, masking, online softmax (fp32)
     bool rescale = false;
 #pragma unroll
@@ -291,14 +307,21 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
     for (int ms = 0; ms < MS; ++ms)
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
-      pa[ms][i][0] = pack_half2(s[ms][i][0], s[ms][i][1]);
-      pa[ms][i][1] = pack_half2(s[ms][i][2], s[ms][i][3]);
+      if constexpr (KV == kReadRowScaled) {  // P times each key's V scale (l stays unscaled)
+        const float v0 = kv_row_scale<C>(sV, i * 8 + tig * 2);
+        const float v1 = kv_row_scale<C>(sV, i * 8 + tig * 2 + 1);
+        pa[ms][i][0] = pack_half2(s[ms][i][0] * v0, s[ms][i][1] * v1);
+        pa[ms][i][1] = pack_half2(s[ms][i][2] * v0, s[ms][i][3] * v1);
+      } else {
+        pa[ms][i][0] = pack_half2(s[ms][i][0], s[ms][i][1]);
+        pa[ms][i][1] = pack_half2(s[ms][i][2], s[ms][i][3]);
+      }
     }
     }  // warp_on
     if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
       __syncthreads();  // every warp is done with sK (K_t)
       if (t + 1 < t_hi) {
-        store_kv<C, KV8>(sK, stage, p, tid);  // K_{t+1}: read after the barrier below
+        store_kv<C, KV>(sK, stage, p, tid);  // K_{t+1}: read after the barrier below
         load_v(stage, n0 + BC);
         fetch(n0 + 2 * BC);
       }
@@ -324,17 +347,17 @@ __global__ void __launch_bounds__(C::kThreads, KV8 ? 1 : 0) fwd_kernel(const Fwd
     if (t + 1 < t_hi) {
       if constexpr (C::kPrefetch == KvPrefetch::kStaged) {
         __syncthreads();  // every warp is done with sV (V_t)
-        store_kv<C, KV8>(sV, stage, p, tid);  // V_{t+1}: read after the next iteration's first barrier
+        store_kv<C, KV>(sV, stage, p, tid);  // V_{t+1}: read after the next iteration's first barrier
       } else if constexpr (C::kDouble) {
         // the other buffer: every warp left it (tile t - 1) before the last barrier
         __half* const nK = sK == sK0 ? sK0 + 2 * BC * ST : sK0;
-        store_kv<C, KV8>(nK, stage, p, tid);
-        store_kv<C, KV8>(nK + BC * ST, stage_v, p, tid);
+        store_kv<C, KV>(nK, stage, p, tid);
+        store_kv<C, KV>(nK + BC * ST, stage_v, p, tid);
         __syncthreads();  // K_{t+1}, V_{t+1} stored
       } else {
         __syncthreads();  // every warp is done with sK and sV
-        store_kv<C, KV8>(sK, stage, p, tid);
-        store_kv<C, KV8>(sV, stage_v, p, tid);
+        store_kv<C, KV>(sK, stage, p, tid);
+        store_kv<C, KV>(sV, stage_v, p, tid);
         __syncthreads();
       }
     }

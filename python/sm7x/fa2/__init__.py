@@ -300,7 +300,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None,
                            seqused_k=None, out=None, scheduler_metadata=None, k_descale=None,
-                           v_descale=None, kv_cache_dtype=None):
+                           v_descale=None, kv_cache_dtype=None, k_scale_cache=None,
+                           v_scale_cache=None):
     """Attention over packed sequences: ``q [total_q, num_heads, head_dim]``, ``k``/``v``
     ``[total_k, num_kv_heads, head_dim]``; sequence ``i`` is ``q[cu_seqlens_q[i]:
     cu_seqlens_q[i+1]]`` (int32 ``[batch + 1]``). ``max_seqlen_q``/``max_seqlen_k`` must
@@ -319,12 +320,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     8-bit caches: ``torch.float8_e4m3fn`` / ``float8_e5m2`` (or uint8 with
     ``kv_cache_dtype`` ``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``, vLLM's names) holding
     ``x / descale``; ``k_descale`` / ``v_descale``: float32, one value, one per kv head or
-    ``[batch, num_kv_heads]`` (FA3's names; None: 1).
+    ``[batch, num_kv_heads]`` (FA3's names; None: 1). int8 caches (``torch.int8``,
+    vLLM's ``"int8_per_token_head"``) hold ``x / s`` with a scale per cached row and kv
+    head in ``k_scale_cache`` / ``v_scale_cache`` (float32 ``[num_blocks, page_size,
+    num_kv_heads]``, any strides; rows 4-byte aligned, as vLLM lays them out).
     The paged call is inference-only; the others are differentiable in q, k, v (then
     without ``out``), with ``deterministic`` as in :func:`flash_attn_func`.
     """
     fn = "flash_attn_varlen_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
+    if k_scale_cache is not None or v_scale_cache is not None:
+        k_descale, v_descale = _serving_module().scale_caches(fn, k_descale, v_descale,
+                                                              k_scale_cache, v_scale_cache)
     if (block_table is not None or seqused_k is not None) and torch.compiler.is_compiling():
         _serving_ops.no_plan(fn, scheduler_metadata)
         res, lse = _serving_ops.varlen_paged(
@@ -456,7 +463,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, scheduler_metadata=None, k_descale=None,
-                            v_descale=None, kv_cache_dtype=None):
+                            v_descale=None, kv_cache_dtype=None, k_scale_cache=None,
+                            v_scale_cache=None):
     """flash-attn 2.x's decoding call: ``q [batch, seqlen_q, num_heads, head_dim]`` against
     a KV cache, contiguous ``[batch_cache, seqlen_cache, num_kv_heads, head_dim]`` or paged
     ``[num_blocks, page_size, num_kv_heads, head_dim]`` with ``block_table [batch,
@@ -477,9 +485,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ``kv_cache_dtype``, as in :func:`flash_attn_varlen_func`) hold ``x / descale``: the
     appended ``k``/``v`` are encoded so (nearest even, saturating) with ``k_descale`` /
     ``v_descale`` (float32; one value, one per kv head or ``[batch, num_kv_heads]``).
+    int8 caches (``torch.int8``) with ``k_scale_cache`` / ``v_scale_cache`` ``[batch_cache
+    or num_blocks, seqlen_cache or page_size, num_kv_heads]``, a scale per cached row: the
+    appended rows are encoded as ``sm7x.ops.reshape_and_cache`` writes them and their
+    scales stored beside them.
     """
     fn = "flash_attn_with_kvcache"
     _check_unsupported(fn, 0.0, alibi_slopes)
+    if k_scale_cache is not None or v_scale_cache is not None:
+        k_descale, v_descale = _serving_module().scale_caches(fn, k_descale, v_descale,
+                                                              k_scale_cache, v_scale_cache)
     if torch.compiler.is_compiling():  # one opaque op: no host-side work in the graph
         _serving_ops.no_plan(fn, scheduler_metadata)
         if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):

@@ -257,9 +257,23 @@ def _check_index(fn: str, name: str, t, q, shape: tuple) -> None:
 # 8-bit caches: the format (csrc/fa2/fa2.h KvFormat) from the cache's dtype, or from
 # vLLM's --kv-cache-dtype name for a uint8 cache of codes ("fp8" is E4M3 there too)
 
-KV_FORMATS = {torch.float16: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
-KV_CACHE_DTYPES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2}
+KV_FORMATS = {torch.float16: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2, torch.int8: 3}
+KV_CACHE_DTYPES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2, "int8_per_token_head": 3}
 _CODE_DTYPES = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}
+INT8 = 3  # int8 codes with a scale per cached row and kv head: the scale caches ride in
+#           k_descale / v_descale ([num_blocks or batch_cache, page_size or seqlen_cache,
+#           num_kv_heads] float32, any strides)
+
+
+def scale_caches(fn: str, k_descale, v_descale, k_scale_cache, v_scale_cache):
+    """The public k_scale_cache / v_scale_cache (int8 caches, vLLM's names) as the op's
+    k_descale / v_descale, which carry them."""
+    if k_scale_cache is None and v_scale_cache is None:
+        return k_descale, v_descale
+    if k_descale is not None or v_descale is not None:
+        raise ValueError(f"sm7x.fa2.{fn}: pass k_descale / v_descale (fp8 caches) or "
+                         f"k_scale_cache / v_scale_cache (int8 caches), not both")
+    return k_scale_cache, v_scale_cache
 
 
 def _cache_format(fn: str, k_cache, kv_cache_dtype) -> int:
@@ -274,7 +288,8 @@ def _cache_format(fn: str, k_cache, kv_cache_dtype) -> int:
                              f"the format with kv_cache_dtype='fp8_e4m3' (vLLM's 'fp8') or "
                              f"'fp8_e5m2', or pass a .view(torch.float8_e4m3fn) of it")
         raise TypeError(f"sm7x.fa2.{fn}: k_cache has dtype {k_cache.dtype}; a KV cache is "
-                        f"float16, float8_e4m3fn or float8_e5m2 (sm7x has no bf16 kernels)")
+                        f"float16, float8_e4m3fn, float8_e5m2 or int8 (sm7x has no bf16 "
+                        f"kernels)")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"sm7x.fa2.{fn}: kv_cache_dtype {kv_cache_dtype!r} is not one of "
                          f"'auto', {', '.join(map(repr, KV_CACHE_DTYPES))}")
@@ -282,6 +297,13 @@ def _cache_format(fn: str, k_cache, kv_cache_dtype) -> int:
 
 
 def _check_descales(fn: str, fmt: int, k_descale, v_descale) -> None:
+    if fmt == INT8:
+        for name, d in (("k_scale_cache", k_descale), ("v_scale_cache", v_descale)):
+            if not isinstance(d, torch.Tensor):
+                raise ValueError(f"sm7x.fa2.{fn}: an int8 cache needs {name} (float32 "
+                                 f"[num_blocks, page_size, num_kv_heads]: the scale of each "
+                                 f"cached row, as sm7x.ops.reshape_and_cache writes it)")
+        return
     for name, d in (("k_descale", k_descale), ("v_descale", v_descale)):
         if d is not None and not isinstance(d, torch.Tensor):
             raise TypeError(f"sm7x.fa2.{fn}: {name} must be a float32 torch.Tensor or None, "
@@ -307,6 +329,23 @@ def encode_codes(x: torch.Tensor, fmt: int, descale) -> torch.Tensor:
         y = y / d
     big = torch.finfo(dtype).max
     return y.clamp(-big, big).to(dtype)
+
+
+def encode_int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp16 tokens [..., head_dim] -> (int8 codes, float32 scales [...]): one scale per row,
+    as sm7x.ops.reshape_and_cache writes int8_per_token_head caches (csrc/core/fp8.h
+    int8row: absmax of the finite values / 127, floored at 1e-6; half away from zero;
+    +inf -> 127, -inf -> -128, NaN -> 0)."""
+    y = x.float()
+    finite = torch.isfinite(y)
+    absmax = torch.where(finite, y.abs(), torch.zeros_like(y)).amax(-1)
+    # tensor / tensor: IEEE division as the C++ writers do (torch divides a CUDA tensor by
+    # a Python number as a multiply by its reciprocal, one rounding off)
+    scale = (absmax / torch.full_like(absmax, 127.0)).clamp_min(1e-6)
+    q = y * (torch.ones_like(scale) / scale)[..., None]
+    q = torch.where(q >= 0, q + 0.5, q - 0.5).clamp(-128, 127)
+    q = torch.where(torch.isnan(y), torch.zeros_like(q), q)
+    return q.to(torch.int8), scale
 
 
 def _check_cache(fn: str, q, k_cache, v_cache, paged: bool) -> tuple[int, int, int]:
@@ -342,6 +381,12 @@ def _check_cache(fn: str, q, k_cache, v_cache, paged: bool) -> tuple[int, int, i
 def _cache_layout(fn: str, name: str, t: torch.Tensor) -> None:
     """A cache is never copied (appends must land in it, and copying it would cost more
     than the call): refuse one the kernels cannot read in place."""
+    if t.dtype == torch.int8:  # vLLM's int8 rows are followed by their scale: 4-byte aligned
+        if t.stride(-1) != 1 or t.data_ptr() % 4 or any(
+                s % 4 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+            raise ValueError(f"sm7x.fa2.{fn}: {name} (strides {t.stride()}) must have a "
+                             f"contiguous last dim and rows at multiples of 4 bytes")
+        return
     if _kernel_layout(t) is not t:
         raise ValueError(f"sm7x.fa2.{fn}: {name} (strides {t.stride()}) must have a contiguous "
                          f"last dim, other strides multiples of 8 and 16-byte aligned data; "
@@ -547,7 +592,11 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                             positions[:, :seqlen_new].clamp(0, seqlen_ro - 1), rotary_interleaved)
         if k is not None:
             kc, vc = k_cache, v_cache
-            if kv_format:  # the new tokens as the cache stores them, copied as bytes
+            if kv_format == INT8:  # codes and their rows' scales
+                (k, ks), (v, vs) = encode_int8_rows(k), encode_int8_rows(v)
+                _append_scales(k_descale, v_descale, ks, vs, positions[:, :seqlen_new],
+                               capacity, block_table, cache_batch_idx)
+            elif kv_format:  # the new tokens as the cache stores them, copied as bytes
                 k = encode_codes(k, kv_format, k_descale).view(torch.uint8)
                 v = encode_codes(v, kv_format, v_descale).view(torch.uint8)
                 kc, vc = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
@@ -596,6 +645,22 @@ def _check_positions(fn, pos, qpos, capacity, block_table, k_cache, seqlen_ro) -
         raise ValueError(f"sm7x.fa2.{fn}: rotary_cos has {seqlen_ro} positions but q or the new "
                          f"keys need position {int(rotary.max())}; pass tables that cover "
                          f"cache_seqlens + seqlen_new")
+
+
+def _append_scales(k_scales, v_scales, ks, vs, pos, capacity, block_table,
+                   cache_batch_idx) -> None:
+    """The new rows' scales [B, S, kv_heads] into the scale caches (any strides: indexed
+    writes), at the positions _append writes their codes."""
+    pos = pos.clamp(0, max(capacity - 1, 0)).long()
+    if block_table is not None:
+        ps, n = k_scales.shape[1], k_scales.shape[0]
+        idx = (block_table.gather(1, pos // ps).long().clamp(0, n - 1), pos % ps)
+    else:
+        rows = (cache_batch_idx.long().clamp(0, k_scales.shape[0] - 1)
+                if cache_batch_idx is not None else torch.arange(ks.shape[0], device=ks.device))
+        idx = (rows[:, None].expand_as(pos), pos)
+    k_scales[idx] = ks
+    v_scales[idx] = vs
 
 
 def _append(k_cache, v_cache, k, v, pos, capacity, block_table, cache_batch_idx) -> None:

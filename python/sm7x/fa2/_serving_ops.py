@@ -28,7 +28,9 @@ _KV = "flash_attn_with_kvcache"
 _VARLEN = "flash_attn_varlen_func"
 
 
-@torch.library.custom_op(f"{NAMESPACE}::kvcache", mutates_args=("k_cache", "v_cache"))
+# k_descale / v_descale: an int8 cache's scale caches, which an append writes
+@torch.library.custom_op(f"{NAMESPACE}::kvcache",
+                         mutates_args=("k_cache", "v_cache", "k_descale", "v_descale"))
 def kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
             v: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
             cache_seqlens: Optional[Tensor], cache_batch_idx: Optional[Tensor],

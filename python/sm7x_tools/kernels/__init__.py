@@ -46,7 +46,10 @@ WIDTH = {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 # mangled name (libraries built before warp_rows end the FwdConfig at q_in_regs: 16 rows per
 # warp; those before dim_split at warp_rows: one warp per row slice)
 KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELNS0_10KvPrefetchE\d+ELb[01]"
-                    r"(?:ELi(\d+))?(?:ELi(\d+))?EEELb([01])(?:ELb([01]))?EEEv")
+                    r"(?:ELi(\d+))?(?:ELi(\d+))?EEELb([01])(?:ELb([01])|ELi(\d))?EEEv")
+# fwd_kernel's last argument: what the serving kernel reads (fa2.h KvRead; a bool "8-bit
+# cache" in libraries built before int8 caches, none before 8-bit caches)
+KV_READ = {0: "", 1: " kv8", 2: " int8"}
 # bwd_kernel<BwdConfig<head_dim, block_n, block_m, dq_block_m, dq_block_n, split, prefetch,
 # min_blocks, v_in_regs, dim_split>, mode> and bwd_dq_kernel<BwdConfig<...>>
 # (common/bwd_common.cuh: mode 0 all, 1 dV only, 2 dK and dQ); libraries built before
@@ -79,7 +82,7 @@ class KernelStats:
     flop_per_smem_byte: float | None
     tensor_flop_matches: bool | None
     card: str
-    kind: str = ""  # prefill, serving, serving kv8, bwd (dV, dKdQ: the two passes at d256), bwd dQ
+    kind: str = ""  # prefill, serving, serving kv8, serving int8, bwd (dV, dKdQ: the two passes at d256), bwd dQ
     local_bytes: int = 0  # per thread, ptxas stack + local memory: spills (0 but sm75 bwd d64)
 
 
@@ -122,14 +125,14 @@ def resources(text: str) -> dict[str, dict]:
     return out
 
 
-def kernel_key(name: str) -> tuple[int, int, int, bool, bool] | None:
-    """(head_dim, block_m, block_n, serving, kv8) of an FA2 fwd kernel's mangled name
-    (kv8: the serving kernel over an 8-bit cache; absent in libraries built before it)."""
+def kernel_key(name: str) -> tuple[int, int, int, bool, int] | None:
+    """(head_dim, block_m, block_n, serving, kv_read) of an FA2 fwd kernel's mangled name
+    (kv_read, KV_READ: 0 fp16, 1 over an fp8 cache, 2 over an int8 cache with row scales)."""
     m = KERNEL.search(name)
     if not m:
         return None
     d, bm, bn, serving = (int(m.group(i)) for i in (1, 2, 3, 6))
-    return d, bm, bn, bool(serving), m.group(7) == "1"
+    return d, bm, bn, bool(serving), int(m.group(7) or m.group(8) or 0)
 
 
 def kernel_threads(name: str) -> int:
@@ -269,9 +272,9 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
                                resident, n_tensor * warps, smem_tile, flop,
                                round(flop / smem_tile, 2) if smem_tile else float("inf"),
                                flop_warp * warps == flop, CARDS[arch]["card"],
-                               "serving kv8" if kv8 else "serving" if serving else "prefill",
+                               "serving" + KV_READ[kv8] if serving else "prefill",
                                local_bytes(res[name])))
-    order = ["prefill", "serving", "serving kv8", "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"]
+    order = ["prefill", "serving", "serving kv8", "serving int8", "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"]
     return sorted(out, key=lambda s: (s.arch, order.index(s.kind), s.head_dim, s.block_m))
 
 

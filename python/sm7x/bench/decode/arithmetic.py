@@ -25,9 +25,10 @@ COPY_BYTES = 2 << 30  # copy traffic: 1 GiB read + 1 GiB written
 
 # 8-bit KV caches (--kv-dtype): vLLM's --kv-cache-dtype names; "fp8" is E4M3 there too.
 # fp16 is always measured: the 8-bit rows' time ratios are against its sm7x step.
-KV_DTYPES = ("fp16", "fp8_e4m3", "fp8_e5m2")
-KV_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
-KV_ELEM = {"fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}  # bytes per cached K/V element
+KV_DTYPES = ("fp16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head")
+KV_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "int8": "int8_per_token_head"}
+KV_ELEM = {"fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8_per_token_head": 1}  # bytes per cached K/V element
+ROW_SCALE_BYTES = {"int8_per_token_head": 4}  # and per cached K/V row (a float32 scale)
 KV8_TORCH_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 # The issue's 8-bit goals: step time <= 0.6x fp16's at these (batch, kv_len) (a cache read
 # at half the bytes, with some room for the widening), and chunked prefill over an 8-bit
@@ -76,8 +77,10 @@ def qo_bytes(q_tokens: int, heads: int = HEADS, head_dim: int = HEAD_DIM) -> int
 
 def useful_bytes(batch: int, kv_len: int, q_per_seq: int = 1, shape: Shape = DEFAULT_SHAPE,
                  kv_dtype: str = "fp16") -> int:
-    """K/V at the cache format's bytes per element, q and out in fp16 whatever the cache."""
+    """K/V at the cache format's bytes per element (and per row: int8's scales), q and out
+    in fp16 whatever the cache."""
     return (kv_bytes(batch, kv_len, shape.kv_heads, shape.head_dim, KV_ELEM[kv_dtype])
+            + batch * kv_len * shape.kv_heads * 2 * ROW_SCALE_BYTES.get(kv_dtype, 0)
             + qo_bytes(batch * q_per_seq, shape.heads, shape.head_dim))
 
 

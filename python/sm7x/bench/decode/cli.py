@@ -37,8 +37,8 @@ def parse_shape(text: str) -> Shape:
 
 def parse_kv_dtypes(text: str) -> list[str]:
     """``"fp16,fp8_e4m3"`` -> the cache formats in KV_DTYPES order, fp16 always first (the
-    8-bit ratios are against its sm7x row); ``"all"`` -> all three; ``"fp8"`` is
-    ``fp8_e4m3`` (vLLM's name). ValueError naming the unknown entry and the choices."""
+    8-bit ratios are against its sm7x row); ``"all"`` -> every format; ``"fp8"`` is
+    ``fp8_e4m3`` and ``"int8"`` ``int8_per_token_head`` (vLLM's names). ValueError naming the unknown entry and the choices."""
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     if not names:
         raise ValueError(f"--kv-dtype {text!r}: empty; choose from {', '.join(KV_DTYPES)} or all")
@@ -110,8 +110,9 @@ def parse_args(argv: list[str]):
                    help="plan_decode(num_splits=): 0 = the planner decides (default), 1 = no "
                    "split, n = at most n splits per sequence")
     p.add_argument("--kv-dtype", default="fp16", metavar="LIST",
-                   help="KV cache formats, comma-separated from fp16, fp8_e4m3, fp8_e5m2 (fp8 = "
-                   "fp8_e4m3), or all (default: %(default)s). Each 8-bit format adds sm7x rows "
+                   help="KV cache formats, comma-separated from fp16, fp8_e4m3, fp8_e5m2, "
+                   "int8_per_token_head (fp8 = fp8_e4m3, int8 = int8_per_token_head), or all "
+                   "(default: %(default)s). Each 8-bit format adds sm7x rows "
                    "over an 8-bit copy of the same paged cache (decode and chunked prefill): "
                    "step time, GB/s of the bytes it reads, ratio to the fp16 sm7x time; fp16 "
                    "always runs")

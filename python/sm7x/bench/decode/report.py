@@ -318,7 +318,7 @@ def draw(result: dict, plt):
               "sdpa_efficient_gbps": ("SDPA mem-efficient", "-", "^")}
     # 8-bit caches (a --kv-dtype run; absent keys draw nothing): GB/s of the bytes the
     # format reads, so at fp16's GB/s it is twice as fast.
-    for fmt, marker in zip(KV_DTYPES[1:], "dv"):
+    for fmt, marker in zip(KV_DTYPES[1:], "dvP"):
         styles[f"sm7x_{fmt}_gbps"] = (f"sm7x {fmt} cache (its 1-byte K/V)", "-.", marker)
     copy = (result.get("copy") or {}).get("gbps")
     for ax, b in zip(axes[0], batches):

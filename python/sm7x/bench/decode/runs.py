@@ -194,8 +194,16 @@ def _slices(t: torch.Tensor, max_bytes: int | None = None):
 def _encode_cache(t: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
     """fp16 cache (4-D, paged or not) -> (its 8-bit codes as a float8 tensor, the float32
     [1] descale): a per-tensor scale from its amax, encoded with the library's own
-    encode_codes (what reshape_and_cache stores)."""
-    from ...fa2._serving import KV_CACHE_DTYPES, encode_codes
+    encode_codes (what reshape_and_cache stores). int8_per_token_head: (int8 codes, the
+    float32 scale of every row, t.shape[:-1]), encode_int8_rows."""
+    from ...fa2._serving import KV_CACHE_DTYPES, encode_codes, encode_int8_rows
+
+    if kv_dtype == "int8_per_token_head":
+        codes = torch.empty(t.shape, device=t.device, dtype=torch.int8)
+        scales = torch.empty(t.shape[:-1], device=t.device, dtype=torch.float32)
+        for s in _slices(t):
+            codes[s], scales[s] = encode_int8_rows(t[s])
+        return codes, scales
 
     amax = torch.zeros((), device=t.device, dtype=torch.float32)
     for s in _slices(t):  # on the device: no host sync
@@ -207,9 +215,21 @@ def _encode_cache(t: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.T
     return codes, descale
 
 
+def _kv8_args(kv_dtype: str, dk: torch.Tensor, dv: torch.Tensor) -> dict:
+    """The FA2 call's arguments for an 8-bit cache of _encode_cache."""
+    if kv_dtype == "int8_per_token_head":
+        return dict(k_scale_cache=dk, v_scale_cache=dv)
+    return dict(k_descale=dk, v_descale=dv, kv_cache_dtype=kv_dtype)
+
+
 def _dequant(t: torch.Tensor, kv_dtype: str, descale: torch.Tensor) -> torch.Tensor:
-    """fp16 values the 8-bit cache holds for t: encode, then codes * descale."""
-    from ...fa2._serving import KV_CACHE_DTYPES, encode_codes
+    """fp16 values the 8-bit cache holds for t: encode, then codes * descale (int8: each
+    row's own scale, the same rows' codes and scales as the paged copy's)."""
+    from ...fa2._serving import KV_CACHE_DTYPES, encode_codes, encode_int8_rows
+
+    if kv_dtype == "int8_per_token_head":
+        codes, scales = encode_int8_rows(t)
+        return (codes.float() * scales[..., None]).half()
 
     return (encode_codes(t, KV_CACHE_DTYPES[kv_dtype], descale).float() * descale).half()
 
@@ -348,8 +368,7 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
         def call8():
             return flash_attn_varlen_func(q, k8, v8, cu_q, None, 1, kv_len, causal=True,
                                           block_table=bt, seqused_k=seqused, out=out8,
-                                          scheduler_metadata=plan, k_descale=dk, v_descale=dv,
-                                          kv_cache_dtype=fmt)
+                                          scheduler_metadata=plan, **_kv8_args(fmt, dk, dv))
 
         call8()
         # Against a reference over the values the codes stand for, one sequence at a time
@@ -478,8 +497,7 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
         def call8():
             return flash_attn_varlen_func(q, k8, v8, cu_q, None, new, lk, causal=True,
                                           block_table=bt, seqused_k=seqused, out=out8,
-                                          scheduler_metadata=plan, k_descale=dk, v_descale=dv,
-                                          kv_cache_dtype=fmt)
+                                          scheduler_metadata=plan, **_kv8_args(fmt, dk, dv))
 
         call8()
         diff = _prefill_kv8_diff(out8.view(batch, new, sh.heads, sh.head_dim), qs, k_c, v_c,

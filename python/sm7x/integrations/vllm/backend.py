@@ -69,8 +69,8 @@ def dtype_reason(dtype: torch.dtype | None, kv_cache_dtype: str | None) -> str |
                 f"Volta/Turing have float16 tensor cores only; run vLLM with --dtype float16")
     if kv_cache_dtype is not None and kv_cache_dtype not in _compute.KV_CACHE_DTYPES:
         return (f"sm7x: KV cache dtype {kv_cache_dtype} is not supported (the kernels read "
-                f"float16 and fp8 caches); run vLLM with --kv-cache-dtype auto, fp8 (e4m3) or "
-                f"fp8_e5m2 (and --dtype float16)")
+                f"float16, fp8 and int8_per_token_head caches); run vLLM with --kv-cache-dtype "
+                f"auto, fp8 (e4m3), fp8_e5m2 or int8_per_token_head (and --dtype float16)")
     return None
 
 
@@ -142,7 +142,8 @@ class Sm7xFlashAttentionBackend(AttentionBackend):
                              f">= 16; run vLLM with --block-size 16")
         if cache_dtype_str not in _compute.KV_CACHE_DTYPES:
             raise ValueError(dtype_reason(None, cache_dtype_str))
-        return (num_blocks, num_kv_heads, block_size, 2 * head_size)
+        return (num_blocks, num_kv_heads, block_size,
+                _compute.content_dim(head_size, cache_dtype_str))
 
     @staticmethod
     def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
@@ -160,6 +161,25 @@ class Sm7xFlashAttentionBackend(AttentionBackend):
     @classmethod
     def supported_kv_cache_layouts(cls):
         return None
+
+    # vLLM 0.33: the bytes of one (kv head, slot) come from the spec (0.26 budgets the
+    # int8 scales in the spec itself and takes get_kv_cache_shape's padded width); an
+    # int8_per_token_head cache keeps each row's float32 scale after its codes, as TRITON_ATTN
+    # lays it out (_compute.content_dim).
+    @classmethod
+    def customize_spec(cls, spec):
+        from dataclasses import replace
+
+        mode = getattr(spec, "kv_quant_mode", None)
+        if getattr(spec, "state_content_bytes", None) is not None or \
+                getattr(mode, "name", None) != "INT8_PER_TOKEN_HEAD":
+            return spec
+        if getattr(spec, "head_size_v", spec.head_size) != spec.head_size:
+            raise ValueError(f"sm7x: an int8_per_token_head cache needs one head size for K "
+                             f"and V (got {spec.head_size} and {spec.head_size_v}); pick "
+                             f"another backend with --attention-backend")
+        return replace(spec, state_content_bytes=_compute.content_dim(
+            spec.head_size, "int8_per_token_head"))
 
 
 class Sm7xMetadataBuilder(AttentionMetadataBuilder[Sm7xAttentionMetadata]):
