@@ -413,10 +413,10 @@ def test_parse_kv_dtypes():
     assert D.parse_kv_dtypes("all") == ["fp16", "fp8_e4m3", "fp8_e5m2",
                                         "int8_per_token_head"] == list(D.KV_DTYPES)
     assert D.parse_args(["--kv-dtype", "all"]).kv_dtypes == list(D.KV_DTYPES)
-    for bad, what in (("int8", "'int8'"), ("fp16,bf16", "'bf16'"), ("fp8_e4m3fn", "'fp8_e4m3fn'")):
+    for bad, what in (("int4", "'int4'"), ("fp16,bf16", "'bf16'"), ("fp8_e4m3fn", "'fp8_e4m3fn'")):
         with pytest.raises(ValueError, match=what) as e:
             D.parse_kv_dtypes(bad)
-        assert "choose from fp16, fp8_e4m3, fp8_e5m2" in str(e.value)
+        assert "choose from fp16, fp8_e4m3, fp8_e5m2, int8_per_token_head" in str(e.value)
     with pytest.raises(ValueError, match="empty"):
         D.parse_kv_dtypes(" , ")
 

@@ -162,7 +162,7 @@ VARLEN_CASES = [
     ("seqused_k int64", dict(seqused_k=torch.full((2,), 10, dtype=torch.int64)), SHAPE_ERRORS, "seqused_k"),
     ("no key lengths", dict(seqused_k=None, cu_seqlens_k=None), SHAPE_ERRORS, "seqused_k|cu_seqlens_k"),
     ("cache dtype", dict(k=torch.zeros(8, 16, 2, 64), v=torch.zeros(8, 16, 2, 64)), TypeError,
-     "a KV cache is float16, float8_e4m3fn or float8_e5m2"),
+     "a KV cache is float16, float8_e4m3fn, float8_e5m2 or int8"),
     ("k and v caches differ", dict(v=torch.zeros(9, 16, 2, 64, dtype=F16)), ValueError, "same shape"),
     ("k fp8, v fp16", dict(k=torch.zeros(8, 16, 2, 64, dtype=torch.float8_e4m3fn)), ValueError,
      "same shape and dtype"),

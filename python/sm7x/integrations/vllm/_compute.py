@@ -73,6 +73,10 @@ def _is_fp8(kv_cache_dtype: str) -> bool:
     return kv_cache_dtype in FP8_KV_CACHE_DTYPES
 
 
+_STORES = {**{n: "1-byte codes (uint8)" for n in FP8_KV_CACHE_DTYPES},
+           **{n: "int8 codes and row scales" for n in INT8_KV_CACHE_DTYPES}}
+
+
 def kv_cache_views(kv_cache: torch.Tensor, head_size: int,
                    kv_cache_dtype: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's packed per-layer cache -> (key_cache, value_cache), each ``[num_blocks,
@@ -95,7 +99,7 @@ def kv_cache_views(kv_cache: torch.Tensor, head_size: int,
     if kv_cache.dtype not in want:
         raise TypeError(
             f"sm7x vLLM backend: the KV cache is {kv_cache.dtype}, but --kv-cache-dtype "
-            f"{kv_cache_dtype} stores {' or '.join(str(w) for w in want)}: run vLLM with "
+            f"{kv_cache_dtype} stores {_STORES.get(kv_cache_dtype, 'float16')}: run vLLM with "
             f"--dtype float16 and --kv-cache-dtype auto, fp8, fp8_e5m2 or int8_per_token_head")
     rows = kv_cache.transpose(1, 2)
     half = width // 2
