@@ -19,8 +19,6 @@ Marked `gpu`; on GPUs newer than Turing SM7X_FA2_FORCE names the library, e.g.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
@@ -37,8 +35,10 @@ TAG = f"{ARCH} int8 "
 import sm7x.ops  # noqa: E402
 from sm7x.fa2 import flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode  # noqa: E402
 from sm7x.fa2._serving import encode_int8_rows  # noqa: E402
+from cache_cases import (  # noqa: E402
+    DECODE_CASES, MIXES, SHAPES, WINDOW_SOFTCAP, mix_lengths, varlen_reference)
 from fa2_reference import (  # noqa: E402
-    _compare, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache, random_lens,
+    _compare, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache,
     reference_seqs)
 
 pytestmark = pytest.mark.gpu
@@ -90,21 +90,6 @@ def record_quant(out8, out16, v16):
 # ---------------------------------------------------------------------------------------
 # decode over a paged int8 cache: every head dim, page sizes, GQA ratios, split counts
 
-DECODE_CASES = {
-    # name: (cache lengths, num_heads, num_kv_heads, head_dim, page_size)
-    "len1-d32": ([1], 8, 8, 32, 16),
-    "len15-16-17": ([15, 16, 17], 8, 2, 128, 16),
-    "len0-short-gqa4-d64": ([0, 1, 17, 16], 32, 8, 64, 32),
-    "len1000-mqa-d256": ([1000, 999], 8, 1, 256, 64),
-    "len32768-d128": ([32768], 8, 2, 128, 128),
-    "batch37-d80": (random_lens(37, 1, 3000, seed=2), 8, 8, 80, 32),
-    "batch9-d96-gqa8": (random_lens(9, 1, 2500, seed=4), 16, 2, 96, 16),
-    "batch6-d112": (random_lens(6, 1, 2000, seed=5), 8, 4, 112, 64),
-    "batch5-d160": (random_lens(5, 1, 1500, seed=6), 8, 2, 160, 32),
-    "batch4-d192-gqa4": ([1, 700, 1300, 64], 16, 4, 192, 16),
-    "batch3-d224": ([333, 1, 1025], 4, 4, 224, 128),
-    "batch16-mqa-d64": (random_lens(16, 1, 5000, seed=3), 8, 1, 64, 128),
-}
 # (num_splits, layout): vLLM's HND layout with every split count, the others once
 SPLIT_LAYOUTS = [(0, "vllm-hnd"), (1, "vllm-hnd"), (7, "vllm-hnd"), (1, "compact"),
                  (7, "vllm-nhd")]
@@ -135,27 +120,13 @@ def test_decode_paged(case, num_splits, layout):
 # ---------------------------------------------------------------------------------------
 # chunked prefill and speculative verification over an int8 cache (varlen, paged)
 
-MIXES = {
-    "chunked-prefill": [(37, 0), (37, 1000), (512, 3000), (512, 0), (1, 2500), (64, 17)],
-    "spec-verify": [(2, 100), (5, 2000), (64, 500), (17, 3), (3, 0), (8, 1023)],
-}
-SHAPES = [(64, 8, 8, 16), (112, 16, 4, 32), (128, 32, 8, 64), (256, 8, 1, 128)]
 
 
 def _varlen(mix, h, hk, d, page, seed, layout="vllm-hnd"):
-    sqs = [n for n, _ in MIXES[mix]]
-    sks = [n + p for n, p in MIXES[mix]]
+    sqs, sks = mix_lengths(mix)
     k16, v16, bt = paged_cache(sks, page, hk, d, seed=seed)
     q = torch.randn(sum(sqs), h, d, device=DEV, dtype=F16, generator=gen(seed + 50))
     return sqs, sks, q, bt, k16, v16, int8_cache(k16, v16, layout)
-
-
-def _ref(sqs, sks, q, bt, kq, vq, scale, causal, window=(-1, -1), softcap=0.0):
-    cu = [0, *itertools.accumulate(sqs)]
-    qs = [q[cu[i]:cu[i + 1]] for i in range(len(sqs))]
-    ks = [gather_paged(kq, bt, i, n) for i, n in enumerate(sks)]
-    vs = [gather_paged(vq, bt, i, n) for i, n in enumerate(sks)]
-    return reference_seqs(qs, ks, vs, scale, causal, window, softcap)
 
 
 @pytest.mark.parametrize("d, h, hk, page", SHAPES)
@@ -167,18 +138,13 @@ def test_varlen_paged_multi_token(mix, causal, d, h, hk, page):
     out, lse, _ = flash_attn_varlen_func(q, kc, vc, cu_seqlens(sqs), None, max(sqs), max(sks),
                                          k_scale_cache=ks, v_scale_cache=vs, **kw)
     _compare(f"{TAG}varlen {mix} d={d}", out, lse,
-             *_ref(sqs, sks, q, bt, kq, vq, d ** -0.5, causal))
+             *varlen_reference(sqs, sks, q, bt, kq, vq, d ** -0.5, causal))
     out16 = flash_attn_varlen_func(q, k16, v16, cu_seqlens(sqs), None, max(sqs), max(sks),
                                    **kw)[0]
     record_quant(out, out16, v16)
 
 
-@pytest.mark.parametrize("window, softcap, causal", [
-    ((256, 0), 0.0, True),
-    ((100, -1), 0.0, False),
-    ((-1, -1), 30.0, True),
-    ((64, 0), 30.0, True),
-])
+@pytest.mark.parametrize("window, softcap, causal", WINDOW_SOFTCAP)
 def test_varlen_paged_window_and_softcap(window, softcap, causal):
     h, hk, d, page = 8, 2, 128, 32
     sqs, sks, q, bt, _, _, (kc, vc, ks, vs, kq, vq) = _varlen("chunked-prefill", h, hk, d,
@@ -190,7 +156,7 @@ def test_varlen_paged_window_and_softcap(window, softcap, causal):
         window_size=window, softcap=softcap, return_attn_probs=True, block_table=bt,
         seqused_k=i32(sks), k_scale_cache=ks, v_scale_cache=vs)
     _compare(f"{TAG}window/softcap", out, lse,
-             *_ref(sqs, sks, q, bt, kq, vq, d ** -0.5, causal, window, softcap),
+             *varlen_reference(sqs, sks, q, bt, kq, vq, d ** -0.5, causal, window, softcap),
              atol=ATOL_SOFTCAP if softcap else ATOL)
 
 

@@ -21,7 +21,6 @@ The quantization errors are written to $KV8_ERRORS_OUT (JSON) when set.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import os
 
@@ -40,8 +39,10 @@ TAG = f"{ARCH} "
 
 import sm7x.fa2 as fa2  # noqa: E402
 from sm7x.fa2 import flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode  # noqa: E402
+from cache_cases import (  # noqa: E402
+    DECODE_CASES, MIXES, SHAPES, WINDOW_SOFTCAP, mix_lengths, varlen_reference)
 from fa2_reference import (  # noqa: E402
-    _compare, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache, random_lens,
+    _compare, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache,
     reference_seqs, report_worst)
 
 pytestmark = pytest.mark.gpu
@@ -87,21 +88,6 @@ def record_quant(fmt, out8, out16, v16):
 # decode over a paged 8-bit cache: every head dim, page size, GQA ratio, split count
 
 
-DECODE_CASES = {
-    # name: (cache lengths, num_heads, num_kv_heads, head_dim, page_size)
-    "len1-d32": ([1], 8, 8, 32, 16),
-    "len15-16-17": ([15, 16, 17], 8, 2, 128, 16),
-    "len0-short-gqa4-d64": ([0, 1, 17, 16], 32, 8, 64, 32),
-    "len1000-mqa-d256": ([1000, 999], 8, 1, 256, 64),
-    "len32768-d128": ([32768], 8, 2, 128, 128),
-    "batch37-d80": (random_lens(37, 1, 3000, seed=2), 8, 8, 80, 32),
-    "batch9-d96-gqa8": (random_lens(9, 1, 2500, seed=4), 16, 2, 96, 16),
-    "batch6-d112": (random_lens(6, 1, 2000, seed=5), 8, 4, 112, 64),
-    "batch5-d160": (random_lens(5, 1, 1500, seed=6), 8, 2, 160, 32),
-    "batch4-d192-gqa4": ([1, 700, 1300, 64], 16, 4, 192, 16),
-    "batch3-d224": ([333, 1, 1025], 4, 4, 224, 128),
-    "batch16-mqa-d64": (random_lens(16, 1, 5000, seed=3), 8, 1, 64, 128),
-}
 SPLITS = (0, 1, 7)
 
 
@@ -141,29 +127,15 @@ def test_decode_paged(case, num_splits, fmt):
 # ---------------------------------------------------------------------------------------
 # chunked prefill and speculative verification over an 8-bit cache (varlen, paged)
 
-MIXES = {
-    "chunked-prefill": [(37, 0), (37, 1000), (512, 3000), (512, 0), (1, 2500), (64, 17)],
-    "spec-verify": [(2, 100), (5, 2000), (64, 500), (17, 3), (3, 0), (8, 1023)],
-}
-SHAPES = [(64, 8, 8, 16), (112, 16, 4, 32), (128, 32, 8, 64), (256, 8, 1, 128)]
 
 
 def _varlen_case(mix, h, hk, d, page, fmt, seed):
-    sqs = [n for n, _ in MIXES[mix]]
-    sks = [n + p for n, p in MIXES[mix]]
+    sqs, sks = mix_lengths(mix)
     k16, v16, bt = paged_cache(sks, page, hk, d, seed=seed)
     q = torch.randn(sum(sqs), h, d, device=DEV, dtype=F16, generator=gen(seed + 50))
     kc, kd, kq = quantize(k16, fmt)
     vc, vd, vq = quantize(v16, fmt)
     return sqs, sks, q, bt, (k16, v16), (kc, vc, kd, vd), (kq, vq)
-
-
-def _ref(sqs, sks, q, bt, kq, vq, scale, causal, window=(-1, -1), softcap=0.0):
-    cu = [0, *itertools.accumulate(sqs)]
-    qs = [q[cu[i]:cu[i + 1]] for i in range(len(sqs))]
-    ks = [gather_paged(kq, bt, i, n) for i, n in enumerate(sks)]
-    vs = [gather_paged(vq, bt, i, n) for i, n in enumerate(sks)]
-    return reference_seqs(qs, ks, vs, scale, causal, window, softcap)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -176,7 +148,7 @@ def test_varlen_paged_multi_token(mix, causal, d, h, hk, page, fmt):
     kw = dict(causal=causal, return_attn_probs=True, block_table=bt, seqused_k=i32(sks))
     out, lse, _ = flash_attn_varlen_func(q, kc, vc, cu_seqlens(sqs), None, max(sqs), max(sks),
                                          k_descale=kd, v_descale=vd, **kw)
-    ro, rl = _ref(sqs, sks, q, bt, kq, vq, d ** -0.5, causal)
+    ro, rl = varlen_reference(sqs, sks, q, bt, kq, vq, d ** -0.5, causal)
     _compare(f"{TAG}kv8 {fmt} varlen {mix} d={d}", out, lse, ro, rl)
     out16 = flash_attn_varlen_func(q, k16, v16, cu_seqlens(sqs), None, max(sqs), max(sks),
                                    **kw)[0]
@@ -184,12 +156,7 @@ def test_varlen_paged_multi_token(mix, causal, d, h, hk, page, fmt):
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("window, softcap, causal", [
-    ((256, 0), 0.0, True),
-    ((100, -1), 0.0, False),
-    ((-1, -1), 30.0, True),
-    ((64, 0), 30.0, True),
-])
+@pytest.mark.parametrize("window, softcap, causal", WINDOW_SOFTCAP)
 def test_varlen_paged_window_and_softcap(window, softcap, causal, fmt):
     h, hk, d, page = 8, 2, 128, 32
     sqs, sks, q, bt, _, (kc, vc, kd, vd), (kq, vq) = _varlen_case(
@@ -200,7 +167,7 @@ def test_varlen_paged_window_and_softcap(window, softcap, causal, fmt):
         q, kc, vc, cu_seqlens(sqs), None, max(sqs), max(sks), causal=causal,
         window_size=window, softcap=softcap, return_attn_probs=True, block_table=bt,
         seqused_k=i32(sks), k_descale=kd, v_descale=vd)
-    ro, rl = _ref(sqs, sks, q, bt, kq, vq, d ** -0.5, causal, window, softcap)
+    ro, rl = varlen_reference(sqs, sks, q, bt, kq, vq, d ** -0.5, causal, window, softcap)
     _compare(f"{TAG}kv8 {fmt} window/softcap", out, lse, ro, rl,
              atol=ATOL_SOFTCAP if softcap else ATOL)
 
