@@ -513,14 +513,11 @@ def test_forward_mixed_batch_gqa(reference_kernel, monkeypatch, on_gpu, window, 
     assert torch.isnan(output[m.num_actual_tokens:]).all()  # padding rows untouched
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
-def test_forward_over_an_fp8_cache(reference_kernel, monkeypatch, on_gpu, kv_cache_dtype):
-    """--kv-cache-dtype fp8*: vLLM allocates the cache as uint8 and gives each layer float32
-    _k_scale / _v_scale; do_kv_cache_update stores codes of x / scale (sm7x.ops, CPU here)
-    and forward hands the kernel op the codes, the format and the scales: the result is
-    attention over the dequantized cache, and within the format's error of the fp16 one."""
-    pytest.importorskip("sm7x._core_loader").load()
-    on_gpu(7, 5)
+def _forward_over_a_quantized_cache(monkeypatch, kv_cache_dtype, cache_dtype, layer,
+                                    layout="NHD"):
+    """A batch (one prefill, two decodes over a cached prefix) written through
+    do_kv_cache_update into vLLM's cache of kv_cache_dtype, then forward: (the queries, keys,
+    values per request, the output rows per request, head dim)."""
     h, hk, d, bs = 8, 2, 64, 16
     query_lens, seq_lens = [5, 1, 1], [5, 40, 23]
     m = common_metadata(query_lens, seq_lens, block_size=bs, max_blocks=3, seed=5)
@@ -528,11 +525,10 @@ def test_forward_over_an_fp8_cache(reference_kernel, monkeypatch, on_gpu, kv_cac
     keys = [torch.randn(n, hk, d, generator=g).to(F16) * 3 for n in seq_lens]
     vals = [torch.randn(n, hk, d, generator=g).to(F16) for n in seq_lens]
     qs = [torch.randn(ql, h, d, generator=g).to(F16) for ql in query_lens]
-    kv = vllm_kv_cache(m.block_table_tensor.numel(), bs, hk, d, "NHD", monkeypatch,
-                       dtype=torch.uint8)
+    kv = vllm_kv_cache(m.block_table_tensor.numel(), bs, hk, d, layout, monkeypatch,
+                       dtype=cache_dtype, kv_cache_dtype=kv_cache_dtype)
     layer_impl = impl(num_heads=h, num_kv_heads=hk, head_size=d, scale=d ** -0.5,
                       kv_cache_dtype=kv_cache_dtype)
-    layer = types.SimpleNamespace(_k_scale=torch.tensor(0.05), _v_scale=torch.tensor(0.01))
     bt = m.block_table_tensor
     slots = torch.tensor([int(bt[r, p // bs]) * bs + p % bs
                           for r, n in enumerate(seq_lens) for p in range(n)], dtype=torch.int64)
@@ -541,6 +537,22 @@ def test_forward_over_an_fp8_cache(reference_kernel, monkeypatch, on_gpu, kv_cac
     query = torch.cat(qs)
     output = torch.full((query.shape[0], h, d), float("nan"), dtype=F16)
     layer_impl.forward(layer, query, None, None, kv, md, output)
+    last = [0, *itertools.accumulate(query_lens)]
+    outs = [output[last[i]:last[i + 1]].float() for i in range(len(qs))]
+    return qs, keys, vals, outs, d
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_forward_over_an_fp8_cache(reference_kernel, monkeypatch, on_gpu, kv_cache_dtype):
+    """--kv-cache-dtype fp8*: vLLM allocates the cache as uint8 and gives each layer float32
+    _k_scale / _v_scale; do_kv_cache_update stores codes of x / scale (sm7x.ops, CPU here)
+    and forward hands the kernel op the codes, the format and the scales: the result is
+    attention over the dequantized cache, and within the format's error of the fp16 one."""
+    pytest.importorskip("sm7x._core_loader").load()
+    on_gpu(7, 5)
+    layer = types.SimpleNamespace(_k_scale=torch.tensor(0.05), _v_scale=torch.tensor(0.01))
+    qs, keys, vals, outs, d = _forward_over_a_quantized_cache(monkeypatch, kv_cache_dtype,
+                                                              torch.uint8, layer)
     assert reference_kernel.calls == 1 and reference_kernel.kv_format == (
         2 if kv_cache_dtype == "fp8_e5m2" else 1)
     codes = torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
@@ -549,9 +561,7 @@ def test_forward_over_an_fp8_cache(reference_kernel, monkeypatch, on_gpu, kv_cac
     def stored(x, scale):  # what the cache holds, dequantized
         return (x.float() / scale).clamp(-big, big).to(codes).float() * scale
 
-    last = [0, *itertools.accumulate(query_lens)]
-    for i, (q, k, v) in enumerate(zip(qs, keys, vals)):
-        got = output[last[i]:last[i + 1]].float()
+    for q, k, v, got in zip(qs, keys, vals, outs):
         want = reference(q.float(), stored(k, 0.05), stored(v, 0.01), d ** -0.5)
         assert (got - want).abs().max().item() < 2e-3
         exact = reference(q.float(), k.float(), v.float(), d ** -0.5)
@@ -570,30 +580,15 @@ def test_forward_over_an_int8_cache(reference_kernel, monkeypatch, on_gpu, layou
     dequantized cache, within int8's error of the fp16 one."""
     pytest.importorskip("sm7x._core_loader").load()
     on_gpu(7, 5)
-    h, hk, d, bs = 8, 2, 64, 16
-    query_lens, seq_lens = [5, 1, 1], [5, 40, 23]
-    m = common_metadata(query_lens, seq_lens, block_size=bs, max_blocks=3, seed=5)
-    g = torch.Generator().manual_seed(2)
-    keys = [torch.randn(n, hk, d, generator=g).to(F16) * 3 for n in seq_lens]
-    vals = [torch.randn(n, hk, d, generator=g).to(F16) for n in seq_lens]
-    qs = [torch.randn(ql, h, d, generator=g).to(F16) for ql in query_lens]
-    kv = vllm_kv_cache(m.block_table_tensor.numel(), bs, hk, d, layout, monkeypatch,
-                       dtype=torch.int8, kv_cache_dtype="int8_per_token_head")
-    assert kv.shape[-1] == 2 * (d + 4)
+    bs, hk, d = 16, 2, 64
+    assert vllm_kv_cache(4, bs, hk, d, layout, monkeypatch, dtype=torch.int8,
+                         kv_cache_dtype="int8_per_token_head").shape[-1] == 2 * (d + 4)
     spec = int8_spec(bs, hk, d)  # vLLM's page size holds the padded rows exactly
     spec = spec if V026 else Backend.customize_spec(spec)
     assert spec.page_size_bytes == bs * hk * 2 * (d + 4)
-    layer_impl = impl(num_heads=h, num_kv_heads=hk, head_size=d, scale=d ** -0.5,
-                      kv_cache_dtype="int8_per_token_head")
     layer = types.SimpleNamespace(_k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0))
-    bt = m.block_table_tensor
-    slots = torch.tensor([int(bt[r, p // bs]) * bs + p % bs
-                          for r, n in enumerate(seq_lens) for p in range(n)], dtype=torch.int64)
-    layer_impl.do_kv_cache_update(layer, torch.cat(keys), torch.cat(vals), kv, slots)
-    md = builder().build(0, m)
-    query = torch.cat(qs)
-    output = torch.full((query.shape[0], h, d), float("nan"), dtype=F16)
-    layer_impl.forward(layer, query, None, None, kv, md, output)
+    qs, keys, vals, outs, d = _forward_over_a_quantized_cache(
+        monkeypatch, "int8_per_token_head", torch.int8, layer, layout)
     assert reference_kernel.calls == 1 and reference_kernel.kv_format == 3
 
     def stored(x):  # what the cache holds, dequantized: row codes x row scale
@@ -602,9 +597,7 @@ def test_forward_over_an_int8_cache(reference_kernel, monkeypatch, on_gpu, layou
         q = torch.where(q >= 0, q + 0.5, q - 0.5).clamp(-128, 127).trunc()
         return q * s[..., None]
 
-    last = [0, *itertools.accumulate(query_lens)]
-    for i, (q, k, v) in enumerate(zip(qs, keys, vals)):
-        got = output[last[i]:last[i + 1]].float()
+    for q, k, v, got in zip(qs, keys, vals, outs):
         want = reference(q.float(), stored(k), stored(v), d ** -0.5)
         assert (got - want).abs().max().item() < 2e-3
         exact = reference(q.float(), k.float(), v.float(), d ** -0.5)
