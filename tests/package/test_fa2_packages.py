@@ -101,20 +101,21 @@ def test_op_errors_name_the_op_and_no_build_path(env):
 
 
 def expected_kernels(arch: str, fa2: dict) -> dict[tuple, dict]:
-    """(head_dim, block_m, block_n, serving, kv8) -> its table entry: the prefill kernels
-    (fa2.kernels), the narrow serving ones (fa2.serving_kernels) and the wide serving ones
-    (fa2.kernels' tiles, where they have more rows than the narrow tile of that head dim;
-    elsewhere the narrow kernel runs those calls)."""
+    """(head_dim, block_m, block_n, serving, kv_read) -> its table entry: the prefill
+    kernels (fa2.kernels), the narrow serving ones (fa2.serving_kernels) and the wide
+    serving ones (fa2.kernels' tiles, where they have more rows than the narrow tile of
+    that head dim; elsewhere the narrow kernel runs those calls). kv_read (fa2.h KvRead,
+    sm7x_tools.kernels.KV_READ): each serving kernel over fp16, fp8 and int8 caches."""
     narrow_bm = {e["head_dim"]: e["block_m"] for e in fa2["serving_kernels"][arch]}
     want = {}
     for e in fa2["kernels"][arch]:
-        want[(e["head_dim"], e["block_m"], e["block_n"], False, False)] = e
+        want[(e["head_dim"], e["block_m"], e["block_n"], False, 0)] = e
         if e["block_m"] > narrow_bm[e["head_dim"]]:
-            for kv8 in (False, True):  # each serving kernel also over an 8-bit cache
-                want[(e["head_dim"], e["block_m"], e["block_n"], True, kv8)] = e
+            for kv in kernels.KV_READ:
+                want[(e["head_dim"], e["block_m"], e["block_n"], True, kv)] = e
     for e in fa2["serving_kernels"][arch]:
-        for kv8 in (False, True):
-            want[(e["head_dim"], e["block_m"], e["block_n"], True, kv8)] = e
+        for kv in kernels.KV_READ:
+            want[(e["head_dim"], e["block_m"], e["block_n"], True, kv)] = e
     return want
 
 
@@ -154,7 +155,7 @@ def kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list
     problems = []
     for key, e in expected_kernels(arch, fa2).items():
         what = (f"{arch} d={key[0]} {key[1]}x{key[2]} "
-                f"{('serving kv8' if key[4] else 'serving') if key[3] else 'prefill'}")
+                f"{'serving' + kernels.KV_READ[key[4]] if key[3] else 'prefill'}")
         names = found.pop(key, [])
         if len(names) != 1:
             problems.append(f"{what}: {len(names)} kernels in the library, want 1")
@@ -194,9 +195,9 @@ def test_static_tile_analysis_of_the_shipped_sass(env, arch):
     tile loop, so its per-tile shared-memory bytes and occupancy can be trusted."""
     fa2 = fa2_table(env)
     stats = kernels.analyse(lib(env, arch), fa2, cuda_bin=str(env.prefix / "bin"))
-    stats = [s for s in stats if s.kind in ("prefill", "serving", "serving kv8")]  # backward: below
-    found = {(s.head_dim, s.block_m, s.block_n, s.serving, s.kind == "serving kv8")
-             for s in stats}
+    kinds = {"prefill": 0, **{"serving" + label: kv for kv, label in kernels.KV_READ.items()}}
+    stats = [s for s in stats if s.kind in kinds]  # backward: below
+    found = {(s.head_dim, s.block_m, s.block_n, s.serving, kinds[s.kind]) for s in stats}
     assert found == set(expected_kernels(arch, fa2)), found
     bad = [s for s in stats if not s.tensor_flop_matches or s.blocks_per_sm < 1]
     assert not bad, bad
