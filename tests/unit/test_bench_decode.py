@@ -704,6 +704,7 @@ def test_draw_with_8bit(tmp_path):
 def test_context_table_by_hand():
     assert D.kv_bytes_per_token(32, 8, 128, 2) == 131072  # 2 x 32 x 8 x 128 x 2 = 128 KiB
     assert D.kv_bytes_per_token(32, 8, 128, 1) == 65536
+    assert D.kv_bytes_per_token(32, 8, 128, 1, 4) == 67584  # int8: + a 4-byte scale per row
     t = D.context_table()
     assert t["kind"] == "arithmetic from model config numbers, not measured"
     assert (t["utilization"], t["reserve_bytes"], t["page_size"]) == (0.9, GiB, 16)
@@ -714,22 +715,24 @@ def test_context_table_by_hand():
     #   - 16.06e9 weights - 1 GiB (1,073,741,824) = 13,538,767,121 bytes for KV
     #   fp16: / (131,072 B/token x 16) = 6455.8 pages -> 6455 x 16 = 103,280 tokens
     #   8-bit: / (65,536 x 16) = 12911.6 pages -> 12911 x 16 = 206,576 tokens, one sequence
-    #   capped at Llama-3.1's 131,072
+    #   capped at Llama-3.1's 131,072; int8 (132 bytes a row): / (67,584 x 16) = 12520.3
+    #   pages -> 200,320 tokens
     v = rows[("V100 32 GB", "Llama-3.1-8B", "fp16")]
     assert v["card_bytes"] == 34_080_565_494
     assert v["kv_memory_bytes"] == pytest.approx(13_538_767_121, abs=1)
-    assert v["tokens"] == {"fp16": 103_280, "8-bit": 206_576}
-    assert v["one_sequence"] == {"fp16": 103_280, "8-bit": 131_072}
+    assert v["tokens"] == {"fp16": 103_280, "8-bit": 206_576, "int8": 200_320}
+    assert v["one_sequence"] == {"fp16": 103_280, "8-bit": 131_072, "int8": 131_072}
     assert v["fits"] and ("V100 32 GB", "Llama-3.1-8B", "8-bit (fp16 bytes / 2)") not in rows
 
     # T4 (14.75 GiB): 0.9 x 15,837,691,904 = 14,253,922,714 < 16.06e9 of fp16 weights
     t4 = rows[("T4 16 GB", "Llama-3.1-8B", "fp16")]
-    assert not t4["fits"] and t4["tokens"] == {"fp16": 0, "8-bit": 0}
+    assert not t4["fits"] and t4["tokens"] == {"fp16": 0, "8-bit": 0, "int8": 0}
     # ... so the 8-bit-weight variant: 14,253,922,714 - 8.03e9 - 1 GiB = 5,150,180,890
-    #   -> fp16 2455.8 pages: 2455 x 16 = 39,280 tokens; 8-bit 4911.6: 4911 x 16 = 78,576
+    #   -> fp16 2455.8 pages: 2455 x 16 = 39,280 tokens; 8-bit 4911.6: 4911 x 16 = 78,576;
+    #   int8 4762.8: 4762 x 16 = 76,192
     t48 = rows[("T4 16 GB", "Llama-3.1-8B", "8-bit (fp16 bytes / 2)")]
     assert t48["weights_bytes"] == 8.03e9 and t48["fits"]
-    assert t48["tokens"] == {"fp16": 39_280, "8-bit": 78_576}
+    assert t48["tokens"] == {"fp16": 39_280, "8-bit": 78_576, "int8": 76_192}
     # Mistral-7B's 14.48e9 fp16 bytes do not fit a T4 either; on a V100 its 32k context caps
     assert not rows[("T4 16 GB", "Mistral-7B-v0.3", "fp16")]["fits"]
     assert rows[("V100 32 GB", "Mistral-7B-v0.3", "fp16")]["one_sequence"]["8-bit"] == 32768
@@ -748,7 +751,7 @@ def test_context_table_markdown_and_cli():
     md = D.context_table_markdown(D.context_table())
     assert "not measured" in md and "| card | model | weights |" in md
     assert "| V100 32 GB (31.74 GiB) | Llama-3.1-8B | fp16 | 16.06 | 13.54 | 103,280 | 206,576 " \
-        "| 103,280 / 131,072 (model max) |" in md
+        "| 200,320 | 103,280 / 131,072 / 131,072 (model max) |" in md
     assert "| T4 16 GB (14.75 GiB) | Llama-3.1-8B | fp16 | 16.06 | -2.88 |" in md
     assert "do not fit" in md and "8-bit (fp16 bytes / 2)" in md
     # printable without a GPU, from the command line

@@ -204,7 +204,9 @@ GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 # Activations of the profiled forward pass, CUDA graphs, sampler, CUDA context: a round
 # constant stated in the table, not measured (vLLM profiles it per model and batch).
 CONTEXT_RESERVE = 1 * GiB
-CONTEXT_KV_FORMATS = (("fp16", 2), ("8-bit", 1))  # e4m3 and e5m2 take the same bytes
+# (label, bytes per element, bytes per K or V row): "8-bit" is fp8 (e4m3 and e5m2 take the
+# same bytes); int8_per_token_head adds each row's float32 scale
+CONTEXT_KV_FORMATS = (("fp16", 2, 0), ("8-bit", 1, 0), ("int8", 1, 4))
 
 
 @dataclass(frozen=True)
@@ -239,9 +241,10 @@ CONTEXT_CARDS = (
 )
 
 
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, elem: int) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
-    return 2 * layers * kv_heads * head_dim * elem
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, elem: int,
+                       row_bytes: int = 0) -> int:
+    """2 (K and V) x layers x kv_heads x (head_dim x bytes per element + bytes per row)."""
+    return 2 * layers * kv_heads * (head_dim * elem + row_bytes)
 
 
 def kv_memory(card_bytes: float, weights_bytes: float,
@@ -279,8 +282,8 @@ def context_table(models=CONTEXT_MODELS, cards=CONTEXT_CARDS, weights_bytes: flo
                 variants.append(("given (--weights-gb)", float(weights_bytes)))
             for label, wb in variants:
                 left = kv_memory(card.total_bytes, wb, utilization, reserve)
-                per_tok = {f: kv_bytes_per_token(m.layers, m.kv_heads, m.head_dim, e)
-                           for f, e in CONTEXT_KV_FORMATS}
+                per_tok = {f: kv_bytes_per_token(m.layers, m.kv_heads, m.head_dim, e, rb)
+                           for f, e, rb in CONTEXT_KV_FORMATS}
                 tokens = {f: tokens_that_fit(left, per_tok[f], page_size) for f in per_tok}
                 rows.append({
                     "card": card.name, "card_bytes": card.total_bytes, "usable_bytes": usable,
@@ -292,8 +295,8 @@ def context_table(models=CONTEXT_MODELS, cards=CONTEXT_CARDS, weights_bytes: flo
                 })
     return {
         "kind": "arithmetic from model config numbers, not measured",
-        "formula": ("KV bytes/token = 2 (K and V) x layers x kv_heads x head_dim x bytes per "
-                    "element; KV memory = card memory x utilization - weights - reserve; "
+        "formula": ("KV bytes/token = 2 (K and V) x layers x kv_heads x (head_dim x bytes per "
+                    "element + bytes per row: int8's 4-byte scale); KV memory = card memory x utilization - weights - reserve; "
                     "tokens = KV memory / bytes per token, whole pages"),
         "utilization": utilization, "reserve_bytes": reserve, "page_size": page_size,
         "rows": rows,

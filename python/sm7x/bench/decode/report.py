@@ -377,8 +377,9 @@ def context_table_markdown(table: dict) -> str:
     out = [
         "Largest KV context that fits (arithmetic from model config numbers, not measured).",
         "",
-        f"KV bytes/token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element "
-        f"(fp16: 2, 8-bit fp8_e4m3 / fp8_e5m2: 1). KV memory = card memory (as torch "
+        f"KV bytes/token = 2 (K and V) x layers x kv_heads x (head_dim x bytes per element "
+        f"+ bytes per row) (fp16: 2; 8-bit fp8_e4m3 / fp8_e5m2: 1; int8_per_token_head: 1, "
+        f"plus a 4-byte scale per row). KV memory = card memory (as torch "
         f"reports it) x {util:g} (vLLM's default gpu_memory_utilization) - weights - "
         f"{reserve / 2**30:g} GiB reserve (activations, CUDA graphs, CUDA context: a stated "
         f"constant). Tokens: KV memory / bytes per token in whole {page}-token pages, all "
@@ -387,8 +388,8 @@ def context_table_markdown(table: dict) -> str:
         f"halved) follows.",
         "",
         "| card | model | weights | weights GB | KV memory GB | fp16 KV tokens "
-        "| 8-bit KV tokens | one sequence, fp16 / 8-bit |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| 8-bit KV tokens | int8 KV tokens | one sequence, fp16 / 8-bit / int8 |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in table["rows"]:
         card = f"{r['card']} ({r['card_bytes'] / 2**30:.2f} GiB)"
@@ -396,10 +397,12 @@ def context_table_markdown(table: dict) -> str:
                 f"| {r['kv_memory_bytes'] / 1e9:.2f} |")
         if not r["fits"]:
             out.append(f"{head} weights + reserve exceed {util:g} x card "
-                       f"({r['usable_bytes'] / 1e9:.2f} GB): do not fit | do not fit | - |")
+                       f"({r['usable_bytes'] / 1e9:.2f} GB): do not fit | do not fit | "
+                       f"do not fit | - |")
             continue
         t, one = r["tokens"], r["one_sequence"]
         capped = " (model max)" if one["8-bit"] < t["8-bit"] else ""
-        out.append(f"{head} {_int(t['fp16'])} | {_int(t['8-bit'])} "
-                   f"| {_int(one['fp16'])} / {_int(one['8-bit'])}{capped} |")
+        out.append(f"{head} {_int(t['fp16'])} | {_int(t['8-bit'])} | {_int(t['int8'])} "
+                   f"| {_int(one['fp16'])} / {_int(one['8-bit'])} / {_int(one['int8'])}"
+                   f"{capped} |")
     return "\n".join(out)
