@@ -336,7 +336,7 @@ def test_reshape_and_cache_then_paged_attention(fmt):
                                          kv_cache_dtype=name)
     kq = kc.view(FORMATS[fmt]).float() * ks
     vq = vc.view(FORMATS[fmt]).float() * vs
-    ro, rl = _ref(lens, lens, q, bt, kq, vq, d ** -0.5, True)
+    ro, rl = varlen_reference(lens, lens, q, bt, kq, vq, d ** -0.5, True)
     _compare(f"{TAG}kv8 {fmt} reshape_and_cache", out, lse, ro, rl)
 
 

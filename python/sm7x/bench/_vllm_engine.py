@@ -21,9 +21,6 @@ Backends: ``"sm7x"`` lets vLLM choose (with sm7x's platform plugin that is sm7x'
 backend; the child checks the log line that says so), with ``arch`` forcing the FA2
 library (SM7X_FA2_FORCE) and, on GPUs newer than Turing, the test aid
 SM7X_VLLM_TEST_ANY_GPU; any other name is passed to vLLM as ``attention_backend``.
-``fp16_query`` (for TRITON_ATTN with an fp8 KV cache) keeps its queries in float16, as
-sm7x reads them, instead of quantizing them to fp8 too: the reference then differs from
-sm7x by the cache's quantization only.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ import time
 # Log lines worth keeping in a result: which backend vLLM took, and its CUDA graphs.
 LOG_KEEP = re.compile(r"Using the sm7x FlashAttention-2|sm7x FlashAttention-2 backend not "
                       r"used|Using AttentionBackendEnum|Using \S+ backend|Capturing CUDA graphs"
-                      r" \(.*100%|Graph capturing finished|Platform plugin|data type to store "
-                      r"kv cache")
+                      r" \(.*100%|Graph capturing finished|Platform plugin")
 SM7X_LOG = "Using the sm7x FlashAttention-2 attention backend"
 
 
@@ -60,9 +56,6 @@ def child_env(spec: dict, capability: tuple[int, int] | None) -> dict:
             env["SM7X_FA2_FORCE"] = spec["arch"]
         if capability is not None and capability >= (8, 0):
             env["SM7X_VLLM_TEST_ANY_GPU"] = "1"
-    if spec.get("fp16_query"):
-        # the patch (_fp16_queries) must reach the engine core: run it in this process
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 
 
@@ -187,21 +180,6 @@ def _throughput(llm, spec: dict) -> dict:
     return {"cases": cases, "ttft": ttft}
 
 
-def _fp16_queries() -> None:
-    """TRITON_ATTN quantizes the queries to fp8 when the KV cache is fp8 (its
-    ``supports_quant_query_input``); sm7x reads float16 queries against the 8-bit cache.
-    Turned off here so that a comparison of the two measures the cache path alone."""
-    from vllm.v1.attention.backends import triton_attn
-
-    init = triton_attn.TritonAttentionImpl.__init__
-
-    def patched(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.supports_quant_query_input = False
-
-    triton_attn.TritonAttentionImpl.__init__ = patched
-
-
 def _child(spec_path: str, out_path: str) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
@@ -212,8 +190,6 @@ def _child(spec_path: str, out_path: str) -> int:
 
         for t in spec["allow_fp16_models"]:
             model_config._FLOAT16_NOT_SUPPORTED_MODELS.pop(t, None)
-    if spec.get("fp16_query"):
-        _fp16_queries()
     from vllm import LLM
 
     engine = dict(spec["engine"])
