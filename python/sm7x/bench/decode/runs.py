@@ -641,11 +641,15 @@ def run(batches=DEFAULT_BATCHES, lens=DEFAULT_LENS, prefill_batches=DEFAULT_PREF
     })
     if kv8:  # only then: a default run's JSON keeps its fields
         result["config"]["kv_dtypes"] = ["fp16", *kv8]
-        result["config"]["kv8_scale"] = ("per tensor (K and V each): descale = amax / the "
-                                         "format's largest value; codes from "
-                                         "sm7x.fa2._serving.encode_codes of the fp16 cache")
+        result["config"]["kv8_scale"] = ("fp8: per tensor (K and V each): descale = amax / "
+                                         "the format's largest value; codes from "
+                                         "sm7x.fa2._serving.encode_codes of the fp16 cache; "
+                                         "int8_per_token_head: a scale per row "
+                                         "(encode_int8_rows), codes and scales in separate "
+                                         "contiguous tensors")
         result["bytes_8bit"] = ("8-bit rows: K and V at 1 byte an element (batch * kv_len * "
-                                "kv_heads * head_dim * 2) + q + out in fp16")
+                                "kv_heads * head_dim * 2; int8: + 4 bytes a row) + q + out "
+                                "in fp16")
     _free_cuda()
     free0, _ = torch.cuda.mem_get_info(dev)
     copy_bytes = int(min(COPY_BYTES, 0.2 * free0)) // 4 * 4
