@@ -101,7 +101,8 @@ enum KvFormat : int { kKvF16 = 0, kKvE4M3 = 1, kKvE5M2 = 2, kKvInt8 = 3 };
 
 // The serving kernel instantiations by what they read (fwd_kernel's KV argument): fp16,
 // 8-bit codes whose scales fold into the softmax scale and 1 / l (fp8), or int8 codes
-// scaled row by row as they are widened (their own kernels: the row scales take registers).
+// whose row scales multiply each key's scores and probabilities (their own kernels: the
+// row scales take registers and shared memory).
 enum KvRead : int { kReadF16 = 0, kReadCodes = 1, kReadRowScaled = 2 };
 
 // The backward (bwd.cu, <arch>/bwd_kernel.cuh): the forward's inputs (o = the forward's
