@@ -254,11 +254,16 @@ def _differentiable(*tensors) -> bool:
     return torch.compiler.is_compiling() or _needs_grad(*tensors)
 
 
+def _rows_aligned(t: torch.Tensor, elems: int, data_bytes: int) -> bool:
+    """Last dim contiguous, data at a multiple of data_bytes, other strides (of dims longer
+    than 1) multiples of elems elements."""
+    return t.stride(-1) == 1 and t.data_ptr() % data_bytes == 0 and all(
+        s % elems == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n > 1)
+
+
 def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
     """The kernels read 16-byte chunks: last dim contiguous, other strides multiples of 8."""
-    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
-        s % 8 == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n > 1)
-    return t if ok else t.contiguous()
+    return t if _rows_aligned(t, 8, 16) else t.contiguous()
 
 
 # ---------------------------------------------------------------------------------------
@@ -330,8 +335,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     fn = "flash_attn_varlen_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
     if k_scale_cache is not None or v_scale_cache is not None:
-        k_descale, v_descale = _serving_module().scale_caches(fn, k_descale, v_descale,
-                                                              k_scale_cache, v_scale_cache)
+        k_descale, v_descale = _serving_module().scale_caches(
+            fn, k, kv_cache_dtype, k_descale, v_descale, k_scale_cache, v_scale_cache)
     if (block_table is not None or seqused_k is not None) and torch.compiler.is_compiling():
         _serving_ops.no_plan(fn, scheduler_metadata)
         res, lse = _serving_ops.varlen_paged(
@@ -493,8 +498,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     fn = "flash_attn_with_kvcache"
     _check_unsupported(fn, 0.0, alibi_slopes)
     if k_scale_cache is not None or v_scale_cache is not None:
-        k_descale, v_descale = _serving_module().scale_caches(fn, k_descale, v_descale,
-                                                              k_scale_cache, v_scale_cache)
+        k_descale, v_descale = _serving_module().scale_caches(
+            fn, k_cache, kv_cache_dtype, k_descale, v_descale, k_scale_cache, v_scale_cache)
     if torch.compiler.is_compiling():  # one opaque op: no host-side work in the graph
         _serving_ops.no_plan(fn, scheduler_metadata)
         if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):

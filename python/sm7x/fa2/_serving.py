@@ -29,7 +29,7 @@ import torch
 
 from .. import _args, _targets
 from . import (_check_cuda, _check_heads, _check_max_seqlens, _check_options,
-               _check_out_alias, _check_tensor, _kernel_layout, _ops_for)
+               _check_out_alias, _check_tensor, _kernel_layout, _ops_for, _rows_aligned)
 
 _MAX_SPLITS = 128
 # A partition walks at least this many key tiles: below it the prologue (Q tile, first
@@ -265,7 +265,8 @@ INT8 = 3  # int8 codes with a scale per cached row and kv head: the scale caches
 #           num_kv_heads] float32, any strides)
 
 
-def scale_caches(fn: str, k_descale, v_descale, k_scale_cache, v_scale_cache):
+def scale_caches(fn: str, k_cache, kv_cache_dtype, k_descale, v_descale, k_scale_cache,
+                 v_scale_cache):
     """The public k_scale_cache / v_scale_cache (int8 caches, vLLM's names) as the op's
     k_descale / v_descale, which carry them."""
     if k_scale_cache is None and v_scale_cache is None:
@@ -273,6 +274,11 @@ def scale_caches(fn: str, k_descale, v_descale, k_scale_cache, v_scale_cache):
     if k_descale is not None or v_descale is not None:
         raise ValueError(f"sm7x.fa2.{fn}: pass k_descale / v_descale (fp8 caches) or "
                          f"k_scale_cache / v_scale_cache (int8 caches), not both")
+    dtype = getattr(k_cache, "dtype", None)
+    if dtype != torch.int8 and kv_cache_dtype != "int8_per_token_head":
+        raise ValueError(f"sm7x.fa2.{fn}: k_scale_cache / v_scale_cache belong to an int8 "
+                         f"cache (torch.int8, vLLM's int8_per_token_head), but the cache is "
+                         f"{dtype}; an fp8 cache takes k_descale / v_descale")
     return k_scale_cache, v_scale_cache
 
 
@@ -382,8 +388,7 @@ def _cache_layout(fn: str, name: str, t: torch.Tensor) -> None:
     """A cache is never copied (appends must land in it, and copying it would cost more
     than the call): refuse one the kernels cannot read in place."""
     if t.dtype == torch.int8:  # vLLM's int8 rows are followed by their scale: 4-byte aligned
-        if t.stride(-1) != 1 or t.data_ptr() % 4 or any(
-                s % 4 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+        if not _rows_aligned(t, 4, 4):
             raise ValueError(f"sm7x.fa2.{fn}: {name} (strides {t.stride()}) must have a "
                              f"contiguous last dim and rows at multiples of 4 bytes")
         return
