@@ -53,16 +53,29 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 750
 // ---- sm_75 and newer only
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+// ldmatrix from a 32-bit shared-memory address (smem_addr), or from a pointer into shared
+// memory. The address forms let a kernel keep one base per tile and add constants that
+// ptxas folds into the instruction.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  ldmatrix_x4(r, smem_addr(p));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  ldmatrix_x4_trans(r, smem_addr(p));
 }
 
 // d (16x8 fp32) += a (16x8 fp16, row) * b (8x8 fp16, col)
@@ -73,6 +86,18 @@ __device__ __forceinline__ void mma_m16n8k8(float (&d)[4], uint32_t a0, uint32_t
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// Two n8 tiles (d0: columns 0-7, d1: 8-15) += A (16 x 16: a as ldmatrix_x4 loads it, or a P
+// tile packed so) x B (16 x 16: b as ldmatrix_x4 of B stored [n][k], or ldmatrix_x4_trans
+// of B stored [k][n]): the four m16n8k8 MMAs of one k16 step, in the order every kernel
+// issues them.
+__device__ __forceinline__ void mma_k16(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4],
+                                        const uint32_t (&b)[4]) {
+  mma_m16n8k8(d0, a[0], a[1], b[0]);
+  mma_m16n8k8(d0, a[2], a[3], b[1]);
+  mma_m16n8k8(d1, a[0], a[1], b[2]);
+  mma_m16n8k8(d1, a[2], a[3], b[3]);
 }
 
 #endif  // sm_75 and newer only

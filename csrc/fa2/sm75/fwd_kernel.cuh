@@ -219,10 +219,7 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
         ldmatrix_x4(bk, sK + k_frag + nn * 16 * ST + kk * 16);
 #pragma unroll
         for (int ms = 0; ms < MS; ++ms) {
-          mma_m16n8k8(s[ms][2 * nn], a[ms][0], a[ms][1], bk[0]);
-          mma_m16n8k8(s[ms][2 * nn], a[ms][2], a[ms][3], bk[1]);
-          mma_m16n8k8(s[ms][2 * nn + 1], a[ms][0], a[ms][1], bk[2]);
-          mma_m16n8k8(s[ms][2 * nn + 1], a[ms][2], a[ms][3], bk[3]);
+          mma_k16(s[ms][2 * nn], s[ms][2 * nn + 1], a[ms], bk);
         }
       }
     }
@@ -336,10 +333,10 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
         ldmatrix_x4_trans(bv, sV + v_frag + kt * 16 * ST + dn * 16);
 #pragma unroll
         for (int ms = 0; ms < MS; ++ms) {
-          mma_m16n8k8(o[ms][2 * dn], pa[ms][2 * kt][0], pa[ms][2 * kt][1], bv[0]);
-          mma_m16n8k8(o[ms][2 * dn], pa[ms][2 * kt + 1][0], pa[ms][2 * kt + 1][1], bv[1]);
-          mma_m16n8k8(o[ms][2 * dn + 1], pa[ms][2 * kt][0], pa[ms][2 * kt][1], bv[2]);
-          mma_m16n8k8(o[ms][2 * dn + 1], pa[ms][2 * kt + 1][0], pa[ms][2 * kt + 1][1], bv[3]);
+          // P's two n8 tiles of these 16 keys: the A fragment of a k16 step
+          const uint32_t a[4] = {pa[ms][2 * kt][0], pa[ms][2 * kt][1], pa[ms][2 * kt + 1][0],
+                                 pa[ms][2 * kt + 1][1]};
+          mma_k16(o[ms][2 * dn], o[ms][2 * dn + 1], a, bv);
         }
       }
     }
