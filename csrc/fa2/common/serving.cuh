@@ -249,6 +249,15 @@ __host__ __device__ constexpr int kv_tile_loads() {
     return C::kTileLoads;
 }
 
+// 16 codes of a row at a (chunk c) as two 8-byte loads, the second only where the head dim
+// reaches it (an odd multiple of 8 ends in half a pair).
+__device__ __forceinline__ uint4 load_code_pairs(const unsigned char* a, int c, int head_dim) {
+  const uint2 lo = __ldg(reinterpret_cast<const uint2*>(a));
+  const uint2 hi = c * 16 + 8 < head_dim ? __ldg(reinterpret_cast<const uint2*>(a + 8))
+                                         : make_uint2(0, 0);
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
 // Rows [n0, n0 + BC) of an 8-bit cache tile into registers, 16 codes per uint4 (g: the
 // kv head's first byte; strides in bytes). One 16-byte load where the chunk is whole and
 // the cache's rows are 16-byte aligned (p.kv_align, set by the op), else 8-byte loads
@@ -268,34 +277,47 @@ __device__ __forceinline__ void load_code_tile(KvStage<LOADS, KV>& st, const uns
     tile_coord<T>(i, tid, row, c);
     const int j = n0 + row;
     uint4 v = make_uint4(0, 0, 0, 0);
-    const bool live = in_tile<T, C::kBlockN>(i, tid) && j < n;
-    const int slot = paged ? j & ((1 << p.page_shift) - 1) : j;
-    if (live && c * 16 < p.head_dim) {
-      const int64_t off = paged ? (int64_t)pg[i] * page_stride + (int64_t)slot * row_stride
-                                : (int64_t)j * row_stride;
-      const unsigned char* a = g + off + c * 16;
-      if (p.kv_align == 16 && c * 16 + 16 <= p.head_dim) {
-        v = __ldg(reinterpret_cast<const uint4*>(a));
-      } else if (KV != kReadRowScaled || p.kv_align >= 8) {
-        const uint2 lo = __ldg(reinterpret_cast<const uint2*>(a));
-        const uint2 hi = c * 16 + 8 < p.head_dim ? __ldg(reinterpret_cast<const uint2*>(a + 8))
-                                                 : make_uint2(0, 0);
-        v = make_uint4(lo.x, lo.y, hi.x, hi.y);
-      } else {
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(a);
-        v.x = __ldg(w);
-        v.y = __ldg(w + 1);
-        if (c * 16 + 8 < p.head_dim) {
-          v.z = __ldg(w + 2);
-          v.w = __ldg(w + 3);
+    if constexpr (KV == kReadRowScaled) {
+      const bool live = in_tile<T, C::kBlockN>(i, tid) && j < n;
+      const int slot = paged ? j & ((1 << p.page_shift) - 1) : j;
+      if (live && c * 16 < p.head_dim) {
+        const int64_t off = paged ? (int64_t)pg[i] * page_stride + (int64_t)slot * row_stride
+                                  : (int64_t)j * row_stride;
+        const unsigned char* a = g + off + c * 16;
+        if (p.kv_align == 16 && c * 16 + 16 <= p.head_dim) {
+          v = __ldg(reinterpret_cast<const uint4*>(a));
+        } else if (p.kv_align >= 8) {
+          const uint2 lo = __ldg(reinterpret_cast<const uint2*>(a));
+          const uint2 hi = c * 16 + 8 < p.head_dim ? __ldg(reinterpret_cast<const uint2*>(a + 8))
+                                                   : make_uint2(0, 0);
+          v = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        } else {
+          const uint32_t* w = reinterpret_cast<const uint32_t*>(a);
+          v.x = __ldg(w);
+          v.y = __ldg(w + 1);
+          if (c * 16 + 8 < p.head_dim) {
+            v.z = __ldg(w + 2);
+            v.w = __ldg(w + 3);
+          }
         }
       }
-    }
-    st.r[i] = v;
-    if constexpr (KV == kReadRowScaled)
+      st.r[i] = v;
       st.scale[i] = live ? __ldg(rs + (paged ? (int64_t)pg[i] * rs_stride[0] : 0) +
                                  (int64_t)slot * rs_stride[1])
                          : 0.f;
+    } else {  // fp8: rows are 8-byte aligned (the op checks), no scales
+      if (in_tile<T, C::kBlockN>(i, tid) && j < n && c * 16 < p.head_dim) {
+        const int64_t off = paged ? (int64_t)pg[i] * page_stride +
+                                        (int64_t)(j & ((1 << p.page_shift) - 1)) * row_stride
+                                  : (int64_t)j * row_stride;
+        const unsigned char* a = g + off + c * 16;
+        if (p.kv_align == 16 && c * 16 + 16 <= p.head_dim)
+          v = __ldg(reinterpret_cast<const uint4*>(a));
+        else
+          v = load_code_pairs(a, c, p.head_dim);
+      }
+      st.r[i] = v;
+    }
   }
 }
 
