@@ -1,6 +1,6 @@
-// FlashAttention-2 backward kernels for Volta (sm_70): WMMA m16n16k16 (fp16 in, fp32
-// accumulate) as the sm70 forward (fwd_kernel.cuh). Algorithm and work split:
-// common/bwd_common.cuh; the same two kernels as sm75/bwd_kernel.cuh.
+// FlashAttention-2 backward for Volta (sm_70): the math of the two passes whose bodies
+// common/bwd_kernel.cuh holds (BwdMainOps, BwdDqOps), in WMMA m16n16k16 (fp16 in, fp32
+// accumulate) as the sm70 forward (fwd_kernel.cuh). Algorithm: common/bwd_common.cuh.
 //
 // bwd_kernel: one CTA per (BN keys, kv head, batch), warp w owning keys 16w .. 16w + 15.
 // dK and dV stay in WMMA accumulator fragments for the whole CTA. Per query tile:
@@ -17,7 +17,6 @@
 // bwd_dq_kernel (deterministic): one CTA per (DQ_BM queries, head, batch), warp = 16 query
 // rows: S = Q K^T, dP = dO V^T -> scratch -> dS (fp16, sP) -> dQ += dS K in accumulator
 // fragments, key tiles in ascending order; writes dq itself.
-// Tiles come in as on sm75 (QueryTile prefetches query tiles where the config says so).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -27,6 +26,7 @@
 #include <cstdint>
 
 #include "common/bwd_common.cuh"
+#include "common/bwd_kernel.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
@@ -93,135 +93,117 @@ __device__ __forceinline__ void store_tile_f16(const AccFrag& f, float* scratch,
   __syncwarp();
 }
 
-template <class C, int MODE>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const BwdParams p) {
+// One warp's 16 x (NN x 16) product over the head dim into its fp32 scratch: out [16][ss] =
+// A B^T, A the 16 rows at a and B the NN x 16 rows at b, both [row][D] fp16 tiles of row
+// stride ST (B's rows are its columns: WMMA col major). Every S / dP of both passes.
+template <int NN, int D, int ST>
+__device__ __forceinline__ void gemm_abt_to_scratch(float* out, int ss, const __half* a,
+                                                    const __half* b) {
   using namespace nvcuda;
-  using namespace detail;
-  constexpr int D = C::kHeadDim, BN = C::kBlockN, BM = C::kBlockM, ST = C::kStride;
-  constexpr int SD = C::kDsStride, SS = C::kSS, T = C::kThreads, W = C::kWarps;
-  constexpr bool kDv = MODE != kBwdDkDq, kDk = MODE != kBwdDv;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  // the layout of BwdConfig::smem_bytes(MODE)
-  __half* const sK = reinterpret_cast<__half*>(smem_raw);
-  __half* const sV = sK + BN * ST;
-  __half* const sQ = sV + C::v_rows(MODE) * ST;
-  __half* const sdO = sQ + BM * ST;
-  __half* const sdS = sdO + BM * ST;
-  float* const scratch0 = reinterpret_cast<float*>(sdS + C::ds_rows(MODE) * SD);
-  __half* const sP0 = reinterpret_cast<__half*>(scratch0 + W * C::kWarpScratchFloats);
-  float* const sL = reinterpret_cast<float*>(sP0 + W * 16 * SD);
-  float* const sD = sL + BM;
+  AccFrag s[NN];
+#pragma unroll
+  for (int nn = 0; nn < NN; ++nn) wmma::fill_fragment(s[nn], 0.f);
+#pragma unroll 1
+  for (int kk = 0; kk < D / 16; ++kk) {
+    ARow fa;
+    wmma::load_matrix_sync(fa, a + kk * 16, ST);
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+      BCol fb;
+      wmma::load_matrix_sync(fb, b + nn * 16 * ST + kk * 16, ST);
+      wmma::mma_sync(s[nn], fa, fb, s[nn]);
+    }
+  }
+#pragma unroll
+  for (int nn = 0; nn < NN; ++nn) wmma::store_matrix_sync(out + nn * 16, s[nn], ss, wmma::mem_row_major);
+}
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float* const sS = scratch0 + warp * C::kWarpScratchFloats;  // S^T [16][SS]
-  float* const sdP = sS + 16 * SS;                              // dP^T [16][SS]
-  __half* const sP = sP0 + warp * 16 * SD;                      // P^T [16][SD]
-  const int hk = blockIdx.y, b = blockIdx.z, n0 = blockIdx.x * BN;
-  const BwdRows rows = bwd_rows(p, b);
-  const int sq = rows.sq, sk = rows.sk;
-  if (n0 >= sk) return;
-  const int head_dim = p.head_dim;
-  const int group = p.heads / p.kv_heads;
-  const int off = sk - sq, n_last = min(n0 + BN, sk) - 1;
-  const int left = p.window_left, right = p.window_right;
-  const SoftmaxScale sc = softmax_scale(p);
-  const bool dq_atomic = kDk && !p.deterministic;
+// The main pass's math (common/bwd_kernel.cuh bwd_main_body): warp w owns keys 16w ..
+// 16w + 15; S^T and dP^T go through the warp's fp32 scratch, P^T to its fp16 sP and dS^T to
+// the CTA's sdS, where the next GEMMs read them as WMMA A fragments.
+template <class C, int MODE>
+struct BwdMainOps {
+  using Config = C;
+  static constexpr int kMode = MODE;
+  static constexpr int D = C::kHeadDim, BN = C::kBlockN, BM = C::kBlockM, ST = C::kStride;
+  static constexpr int SD = C::kDsStride, SS = C::kSS, W = C::kWarps;
+  static constexpr bool kDv = MODE != detail::kBwdDkDq, kDk = MODE != detail::kBwdDv;
+  // per warp: a fp32 scratch [2][16][BM + 8] (S^T, dP^T) and P^T [16][BM + 8] fp16
+  static constexpr int kScratchBytes = W * (C::kWarpScratchFloats * 4 + 16 * SD * 2);
+  struct Scores {};  // S^T, dP^T live in the scratch, P^T and dS^T in sP / sdS
 
-  copy_rows<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
-                                  k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
-                          p.k_row_stride, n0, sk, head_dim, tid);
-  if constexpr (C::v_rows(MODE) > 0)
-    copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
-                                    k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
-                            p.v_row_stride, n0, sk, head_dim, tid);
-
-  int m_lo, m_hi;
-  query_range(p, n0, n_last, sq, off, m_lo, m_hi);
-  const int t_lo = m_lo / BM, t_hi = m_hi > m_lo ? (m_hi + BM - 1) / BM : t_lo;
-
+  const int warp, lane;
+  float* const sS;   // S^T [16][SS]
+  float* const sdP;  // dP^T [16][SS]
+  __half* const sP;  // P^T [16][SD]
   AccFrag dk[kDk ? D / 16 : 1], dv[kDv ? D / 16 : 1];
-#pragma unroll
-  for (int i = 0; i < (kDk ? D / 16 : 1); ++i) wmma::fill_fragment(dk[i], 0.f);
-#pragma unroll
-  for (int i = 0; i < (kDv ? D / 16 : 1); ++i) wmma::fill_fragment(dv[i], 0.f);
-
   // elementwise: lane -> key row er, query columns ec0 .. ec0 + BM / 2 - 1
-  const int er = lane >> 1, ec0 = (lane & 1) * (BM / 2);
-  const int key = n0 + warp * 16 + er;
+  int er, ec0, key;
 
-  const int ntiles = t_hi - t_lo, nsteps = group * ntiles;
-  QueryTile<C, kDk> tile;
-  if (nsteps > 0) tile.load(p, rows, hk * group, t_lo * BM, tid);
-  for (int it = 0; it < nsteps; ++it) {
-    const int h = tile.h, m0 = tile.m0;
-    __syncthreads();  // every warp is done with the previous tile's Q, dO, dS
-    tile.store(p, rows, sQ, sdO, sL, sD, tid);
-    __syncthreads();
-    // the next tile: in flight while this one computes (kPrefetch)
-    if (it + 1 < nsteps) tile.load_next(p, rows, t_lo, t_hi, tid);
+  __device__ __forceinline__ BwdMainOps(unsigned char* scratch, int warp_, int lane_)
+      : warp(warp_), lane(lane_),
+        sS(reinterpret_cast<float*>(scratch) + warp_ * C::kWarpScratchFloats),
+        sdP(sS + 16 * SS),
+        sP(reinterpret_cast<__half*>(reinterpret_cast<float*>(scratch) + W * C::kWarpScratchFloats) +
+           warp_ * 16 * SD) {}
 
-    // ---- S^T = K Q^T, dP^T = V dO^T -> scratch
-    {
-      AccFrag s[BM / 16];
+  __device__ __forceinline__ void zero() {
+    using namespace nvcuda;
 #pragma unroll
-      for (int nn = 0; nn < BM / 16; ++nn) wmma::fill_fragment(s[nn], 0.f);
-#pragma unroll 1
-      for (int kk = 0; kk < D / 16; ++kk) {
-        ARow a;
-        wmma::load_matrix_sync(a, sK + warp * 16 * ST + kk * 16, ST);
+    for (int i = 0; i < (kDk ? D / 16 : 1); ++i) wmma::fill_fragment(dk[i], 0.f);
 #pragma unroll
-        for (int nn = 0; nn < BM / 16; ++nn) {
-          BCol bq;
-          wmma::load_matrix_sync(bq, sQ + nn * 16 * ST + kk * 16, ST);
-          wmma::mma_sync(s[nn], a, bq, s[nn]);
-        }
-      }
-#pragma unroll
-      for (int nn = 0; nn < BM / 16; ++nn)
-        wmma::store_matrix_sync(sS + nn * 16, s[nn], SS, wmma::mem_row_major);
-    }
-    if constexpr (kDk) {
-      AccFrag s[BM / 16];
-#pragma unroll
-      for (int nn = 0; nn < BM / 16; ++nn) wmma::fill_fragment(s[nn], 0.f);
-#pragma unroll 1
-      for (int kk = 0; kk < D / 16; ++kk) {
-        ARow a;
-        wmma::load_matrix_sync(a, sV + warp * 16 * ST + kk * 16, ST);
-#pragma unroll
-        for (int nn = 0; nn < BM / 16; ++nn) {
-          BCol bd;
-          wmma::load_matrix_sync(bd, sdO + nn * 16 * ST + kk * 16, ST);
-          wmma::mma_sync(s[nn], a, bd, s[nn]);
-        }
-      }
-#pragma unroll
-      for (int nn = 0; nn < BM / 16; ++nn)
-        wmma::store_matrix_sync(sdP + nn * 16, s[nn], SS, wmma::mem_row_major);
-    }
+    for (int i = 0; i < (kDv ? D / 16 : 1); ++i) wmma::fill_fragment(dv[i], 0.f);
+  }
+
+  __device__ __forceinline__ void begin(const BwdParams&, const detail::BwdRows&, int, int n0,
+                                        int, int, unsigned char*) {
+    er = lane >> 1;
+    ec0 = (lane & 1) * (BM / 2);
+    key = n0 + warp * 16 + er;
+  }
+
+  // ---- S^T = K Q^T, dP^T = V dO^T -> scratch
+  __device__ __forceinline__ void scores(Scores&, const __half* sK, const __half* sV,
+                                         const __half* sQ, const __half* sdO) {
+    gemm_abt_to_scratch<BM / 16, D, ST>(sS, SS, sK + warp * 16 * ST, sQ);
+    if constexpr (kDk) gemm_abt_to_scratch<BM / 16, D, ST>(sdP, SS, sV + warp * 16 * ST, sdO);
     __syncwarp();
+  }
 
-    // ---- P^T, dS^T (fp32) -> fp16 sP, sdS
-    {
-      const int last_row = min(m0 + BM, sq) - 1;
-      const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
-      with_score_flags(p.softcap > 0.f, masked, [&](auto flags) {
+  // ---- P^T, dS^T (fp32) -> fp16 sP, sdS: 2 lanes per key row
+  struct Pos {
+    int er, ec0, key, warp;
+    const float *sS, *sdP;
+    __half* sP;
+  };
+  __device__ __forceinline__ Pos pos() const { return {er, ec0, key, warp, sS, sdP, sP}; }
+
+  template <class Flags>
+  __device__ __forceinline__ static void probs(const Pos& pos, Scores&, const Flags& flags,
+                                               const BwdParams& p, const detail::SoftmaxScale& sc,
+                                               const float* sL, const float* sD, __half* sdS,
+                                               int, int m0, int sk, int off, int left,
+                                               int right) {
+    using namespace detail;
+    const int er = pos.er, ec0 = pos.ec0, key = pos.key;
 #pragma unroll 4
-        for (int j = 0; j < BM / 2; ++j) {
-          const int c = ec0 + j;
-          float deriv;
-          const float pr = score_prob(flags, sS[er * SS + c], sc, p.softcap, sL[c], [&] {
-            return key_visible(key, m0 + c, sk, off, left, right);
-          }, deriv);
-          sP[er * SD + c] = __float2half_rn(pr);
-          if constexpr (kDk)
-            sdS[(warp * 16 + er) * SD + c] = __float2half_rn(pr * (sdP[er * SS + c] - sD[c]) * deriv);
-        }
-      });
+    for (int j = 0; j < BM / 2; ++j) {
+      const int c = ec0 + j;
+      float deriv;
+      const float pr = score_prob(flags, pos.sS[er * SS + c], sc, p.softcap, sL[c], [&] {
+        return key_visible(key, m0 + c, sk, off, left, right);
+      }, deriv);
+      pos.sP[er * SD + c] = __float2half_rn(pr);
+      if constexpr (kDk)
+        sdS[(pos.warp * 16 + er) * SD + c] = __float2half_rn(pr * (pos.sdP[er * SS + c] - sD[c]) * deriv);
     }
-    __syncwarp();
+  }
 
-    // ---- dV += P^T dO, dK += dS^T Q
+  // ---- dV += P^T dO, dK += dS^T Q
+  __device__ __forceinline__ void accumulate(const Scores&, const __half* sQ, const __half* sdO,
+                                             const __half* sdS, bool) {
+    using namespace nvcuda;
+    __syncwarp();
 #pragma unroll
     for (int kt = 0; kt < BM / 16; ++kt) {
       if constexpr (kDv) {
@@ -245,190 +227,154 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
         }
       }
     }
+  }
 
-    // ---- dQ += dS K: 16 x 16 tiles of the BM x D block over the warps, fp32 atomics
-    if constexpr (kDk) {
-      if (dq_atomic) {
-        __syncthreads();  // dS^T of every warp stored
-        float* const acc = p.dq_accum + q_like(rows, h, p.acc_batch_stride, p.acc_row_stride, head_dim);
+  // ---- dQ += dS K: 16 x 16 tiles of the BM x D block over the warps, fp32 atomics
+  __device__ __forceinline__ void dq_atomic(const BwdParams& p, const detail::BwdRows& rows,
+                                            int h, int m0, int sq, const __half* sK,
+                                            const __half* sdS) {
+    using namespace nvcuda;
+    using namespace detail;
+    const int head_dim = p.head_dim;
+    float* const acc = p.dq_accum + q_like(rows, h, p.acc_batch_stride, p.acc_row_stride, head_dim);
 #pragma unroll 1
-        for (int ti = warp; ti < BM / 16 * (D / 16); ti += W) {
-          const int ms = ti / (D / 16), dn = ti % (D / 16);
-          AccFrag f;
-          wmma::fill_fragment(f, 0.f);
+    for (int ti = warp; ti < BM / 16 * (D / 16); ti += W) {
+      const int ms = ti / (D / 16), dn = ti % (D / 16);
+      AccFrag f;
+      wmma::fill_fragment(f, 0.f);
 #pragma unroll
-          for (int kt = 0; kt < BN / 16; ++kt) {
-            ACol a;  // A[query][key] = sdS[key][query]
-            wmma::load_matrix_sync(a, sdS + kt * 16 * SD + ms * 16, SD);
-            BRow bk;
-            wmma::load_matrix_sync(bk, sK + kt * 16 * ST + dn * 16, ST);
-            wmma::mma_sync(f, a, bk, f);
-          }
-          wmma::store_matrix_sync(sS, f, SS, wmma::mem_row_major);
-          __syncwarp();
-          const int r = lane >> 1, c0 = (lane & 1) * 8;
-          const int row = m0 + ms * 16 + r;
-          // 8 columns of one row: unconditional atomics at constant offsets where they are
-          // all inside dq (tested one by one, each became a branch rebuilding its address)
-          float* const acc_row = acc + (int64_t)row * p.acc_row_stride + dn * 16 + c0;
-          if (row < sq && dn * 16 + c0 + 8 <= head_dim) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) atomicAdd(acc_row + j, sS[r * SS + c0 + j]);
-          } else if (row < sq) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              if (dn * 16 + c0 + j < head_dim) atomicAdd(acc_row + j, sS[r * SS + c0 + j]);
-          }
-          __syncwarp();
-        }
+      for (int kt = 0; kt < BN / 16; ++kt) {
+        ACol a;  // A[query][key] = sdS[key][query]
+        wmma::load_matrix_sync(a, sdS + kt * 16 * SD + ms * 16, SD);
+        BRow bk;
+        wmma::load_matrix_sync(bk, sK + kt * 16 * ST + dn * 16, ST);
+        wmma::mma_sync(f, a, bk, f);
       }
+      wmma::store_matrix_sync(sS, f, SS, wmma::mem_row_major);
+      __syncwarp();
+      const int r = lane >> 1, c0 = (lane & 1) * 8;
+      const int row = m0 + ms * 16 + r;
+      // 8 columns of one row: unconditional atomics at constant offsets where they are
+      // all inside dq (tested one by one, each became a branch rebuilding its address)
+      float* const acc_row = acc + (int64_t)row * p.acc_row_stride + dn * 16 + c0;
+      if (row < sq && dn * 16 + c0 + 8 <= head_dim) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) atomicAdd(acc_row + j, sS[r * SS + c0 + j]);
+      } else if (row < sq) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (dn * 16 + c0 + j < head_dim) atomicAdd(acc_row + j, sS[r * SS + c0 + j]);
+      }
+      __syncwarp();
     }
   }
 
   // ---- dK (times the scale), dV through the warp's scratch; keys without a query that
   // sees them write zeros
-  __syncwarp();
-  const int krows = min(16, sk - (n0 + warp * 16));
-  if (krows > 0) {
-    const int64_t krow0 = n0 + warp * 16;
+  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdRows& rows, int hk,
+                                        int n0, int sk, int head_dim) {
+    using namespace detail;
+    __syncwarp();
+    const int krows = min(16, sk - (n0 + warp * 16));
+    if (krows > 0) {
+      const int64_t krow0 = n0 + warp * 16;
 #pragma unroll
-    for (int dn = 0; dn < D / 16; ++dn) {
-      if constexpr (kDk)
-        store_tile_f16(dk[dn], sS, SS,
-                       static_cast<__half*>(p.dk) +
-                           k_like(rows, hk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride) +
-                           krow0 * p.dk_row_stride,
-                       p.dk_row_stride, krows, dn * 16, head_dim, p.scale, lane);
-      if constexpr (kDv)
-        store_tile_f16(dv[dn], sS, SS,
-                       static_cast<__half*>(p.dv) +
-                           k_like(rows, hk, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride) +
-                           krow0 * p.dv_row_stride,
-                       p.dv_row_stride, krows, dn * 16, head_dim, 1.f, lane);
+      for (int dn = 0; dn < D / 16; ++dn) {
+        if constexpr (kDk)
+          store_tile_f16(dk[dn], sS, SS,
+                         static_cast<__half*>(p.dk) +
+                             k_like(rows, hk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride) +
+                             krow0 * p.dk_row_stride,
+                         p.dk_row_stride, krows, dn * 16, head_dim, p.scale, lane);
+        if constexpr (kDv)
+          store_tile_f16(dv[dn], sS, SS,
+                         static_cast<__half*>(p.dv) +
+                             k_like(rows, hk, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride) +
+                             krow0 * p.dv_row_stride,
+                         p.dv_row_stride, krows, dn * 16, head_dim, 1.f, lane);
+      }
     }
   }
-}
+};
 
-// Deterministic dQ: rows [m0, m0 + DQ_BM) of query head h, key tiles in ascending order;
-// columns [part * kDqCols, + kDqCols) of dQ (d = 256: two CTAs per query block).
+// The dQ pass's math (common/bwd_kernel.cuh bwd_dq_body): warp = 16 query rows; S, dP through
+// the warp's scratch, dS (fp16) to its sdS, dQ += dS K in accumulator fragments.
 template <class C>
-__global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p) {
-  using namespace nvcuda;
-  using namespace detail;
-  constexpr int D = C::kHeadDim, BM = C::kDqBlockM, BN = C::kDqBlockN, ST = C::kStride;
-  constexpr int SS = C::kDqSS, DC = C::kDqCols, T = C::kDqThreads, W = C::kDqWarps;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  __half* const sQ = reinterpret_cast<__half*>(smem_raw);
-  __half* const sdO = sQ + BM * ST;
-  __half* const sK = sdO + BM * ST;
-  __half* const sV = sK + BN * ST;
-  float* const scratch0 = reinterpret_cast<float*>(sV + BN * ST);
-  __half* const sdS0 = reinterpret_cast<__half*>(scratch0 + W * 2 * 16 * SS);
+struct BwdDqOps {
+  using Config = C;
+  static constexpr int D = C::kHeadDim, BM = C::kDqBlockM, BN = C::kDqBlockN, ST = C::kStride;
+  static constexpr int SS = C::kDqSS, DC = C::kDqCols, W = C::kDqWarps;
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float* const sS = scratch0 + warp * 2 * 16 * SS;  // S [16][SS]
-  float* const sdP = sS + 16 * SS;                  // dP [16][SS]
-  __half* const sdS = sdS0 + warp * 16 * SS;        // dS [16][SS] fp16
-  const int h = blockIdx.y, b = blockIdx.z;
-  constexpr int NPART = D / DC;
-  const int part = blockIdx.x % NPART;
-  const int m0 = (gridDim.x / NPART - 1 - blockIdx.x / NPART) * BM;  // longest blocks first
-  const BwdRows rows = bwd_rows(p, b);
-  const int sq = rows.sq, sk = rows.sk;
-  if (m0 >= sq) return;
-  const int head_dim = p.head_dim;
-  const int hk = h / (p.heads / p.kv_heads);
-  const int left = p.window_left, right = p.window_right;
-  const SoftmaxScale sc = softmax_scale(p);
-
-  copy_rows<BM, T, D, ST, C::kDqCopyBatch>(sQ, static_cast<const __half*>(p.q) +
-                                  q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-                          p.q_row_stride, m0, sq, head_dim, tid);
-  copy_rows<BM, T, D, ST, C::kDqCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
-                                   q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
-                          p.do_row_stride, m0, sq, head_dim, tid);
-  const __half* const kg = static_cast<const __half*>(p.k) +
-                           k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  const __half* const vg = static_cast<const __half*>(p.v) +
-                           k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-
+  const int warp, lane;
+  float* const sS;    // S [16][SS]
+  float* const sdP;   // dP [16][SS]
+  __half* const sdS;  // dS [16][SS] fp16
   // elementwise: lane -> query row er of the warp, key columns ec0 .. ec0 + BN / 2 - 1
-  const int er = lane >> 1, ec0 = (lane & 1) * (BN / 2);
-  const int row = m0 + warp * 16 + er;
-  const float l2 = row < sq ? lse_log2(p.lse[q_like(rows, h, p.lse_batch_stride, 1, p.lse_head_stride) + row])
-                            : INFINITY;
-  const float dsum = row < sq ? p.dsum[q_like(rows, h, p.dsum_batch_stride, 1, p.dsum_head_stride) + row]
-                              : 0.f;
-
-  const int off = sk - sq, last_row = min(m0 + BM, sq) - 1;
-  int n_lo = 0, n_hi = sk;
-  if (left >= 0) n_lo = max(0, m0 + off - left);
-  if (right >= 0) n_hi = min(sk, last_row + off + right + 1);
-  const int t_lo = n_lo / BN, t_hi = n_hi > n_lo ? (n_hi + BN - 1) / BN : t_lo;
-
+  int er, ec0, row;
+  float l2, dsum;
   AccFrag dq[DC / 16];
-#pragma unroll
-  for (int i = 0; i < DC / 16; ++i) wmma::fill_fragment(dq[i], 0.f);
+  struct Scores {};  // S, dP live in the scratch, dS in sdS
 
-  for (int t = t_lo; t < t_hi; ++t) {
-    const int n0 = t * BN;
-    __syncthreads();  // every warp is done with the previous K, V
-    copy_rows<BN, T, D, ST, C::kDqCopyBatch>(sK, kg, p.k_row_stride, n0, sk, head_dim, tid);
-    copy_rows<BN, T, D, ST, C::kDqCopyBatch>(sV, vg, p.v_row_stride, n0, sk, head_dim, tid);
-    __syncthreads();
-    {
-      AccFrag s[BN / 16];
+  __device__ __forceinline__ BwdDqOps(unsigned char* scratch, int warp_, int lane_)
+      : warp(warp_), lane(lane_),
+        sS(reinterpret_cast<float*>(scratch) + warp_ * 2 * 16 * SS),
+        sdP(sS + 16 * SS),
+        sdS(reinterpret_cast<__half*>(reinterpret_cast<float*>(scratch) + W * 2 * 16 * SS) +
+            warp_ * 16 * SS) {}
+
+  __device__ __forceinline__ void row_stats(const BwdParams& p, const detail::BwdRows& rows,
+                                            int h, int m0, int sq) {
+    using namespace detail;
+    er = lane >> 1;
+    ec0 = (lane & 1) * (BN / 2);
+    row = m0 + warp * 16 + er;
+    l2 = row < sq ? lse_log2(p.lse[q_like(rows, h, p.lse_batch_stride, 1, p.lse_head_stride) + row])
+                  : INFINITY;
+    dsum = row < sq ? p.dsum[q_like(rows, h, p.dsum_batch_stride, 1, p.dsum_head_stride) + row]
+                    : 0.f;
+  }
+
+  __device__ __forceinline__ void begin() {
 #pragma unroll
-      for (int nn = 0; nn < BN / 16; ++nn) wmma::fill_fragment(s[nn], 0.f);
-#pragma unroll 1
-      for (int kk = 0; kk < D / 16; ++kk) {
-        ARow a;
-        wmma::load_matrix_sync(a, sQ + warp * 16 * ST + kk * 16, ST);
-#pragma unroll
-        for (int nn = 0; nn < BN / 16; ++nn) {
-          BCol bk;
-          wmma::load_matrix_sync(bk, sK + nn * 16 * ST + kk * 16, ST);
-          wmma::mma_sync(s[nn], a, bk, s[nn]);
-        }
-      }
-#pragma unroll
-      for (int nn = 0; nn < BN / 16; ++nn)
-        wmma::store_matrix_sync(sS + nn * 16, s[nn], SS, wmma::mem_row_major);
-    }
-    {
-      AccFrag s[BN / 16];
-#pragma unroll
-      for (int nn = 0; nn < BN / 16; ++nn) wmma::fill_fragment(s[nn], 0.f);
-#pragma unroll 1
-      for (int kk = 0; kk < D / 16; ++kk) {
-        ARow a;
-        wmma::load_matrix_sync(a, sdO + warp * 16 * ST + kk * 16, ST);
-#pragma unroll
-        for (int nn = 0; nn < BN / 16; ++nn) {
-          BCol bv;
-          wmma::load_matrix_sync(bv, sV + nn * 16 * ST + kk * 16, ST);
-          wmma::mma_sync(s[nn], a, bv, s[nn]);
-        }
-      }
-#pragma unroll
-      for (int nn = 0; nn < BN / 16; ++nn)
-        wmma::store_matrix_sync(sdP + nn * 16, s[nn], SS, wmma::mem_row_major);
-    }
+    for (int i = 0; i < DC / 16; ++i) nvcuda::wmma::fill_fragment(dq[i], 0.f);
+  }
+
+  // ---- S = Q K^T, dP = dO V^T -> scratch
+  __device__ __forceinline__ void scores(Scores&, const __half* sQ, const __half* sdO,
+                                         const __half* sK, const __half* sV) {
+    gemm_abt_to_scratch<BN / 16, D, ST>(sS, SS, sQ + warp * 16 * ST, sK);
+    gemm_abt_to_scratch<BN / 16, D, ST>(sdP, SS, sdO + warp * 16 * ST, sV);
     __syncwarp();
-    {
-      const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
-      with_score_flags(p.softcap > 0.f, masked, [&](auto flags) {
+  }
+
+  struct Pos {
+    int er, ec0, row;
+    float l2, dsum;
+    const float *sS, *sdP;
+    __half* sdS;
+  };
+  __device__ __forceinline__ Pos pos() const { return {er, ec0, row, l2, dsum, sS, sdP, sdS}; }
+
+  template <class Flags>
+  __device__ __forceinline__ static void ds(const Pos& pos, Scores&, const Flags& flags,
+                                            const BwdParams& p,
+                                            const detail::SoftmaxScale& sc, int n0, int sk,
+                                            int off, int left, int right) {
+    using namespace detail;
+    const int er = pos.er, ec0 = pos.ec0, row = pos.row;
 #pragma unroll 4
-        for (int j = 0; j < BN / 2; ++j) {
-          const int c = ec0 + j;
-          float deriv;
-          const float pr = score_prob(flags, sS[er * SS + c], sc, p.softcap, l2, [&] {
-            return key_visible(n0 + c, row, sk, off, left, right);
-          }, deriv);
-          sdS[er * SS + c] = __float2half_rn(pr * (sdP[er * SS + c] - dsum) * deriv);
-        }
-      });
+    for (int j = 0; j < BN / 2; ++j) {
+      const int c = ec0 + j;
+      float deriv;
+      const float pr = score_prob(flags, pos.sS[er * SS + c], sc, p.softcap, pos.l2, [&] {
+        return key_visible(n0 + c, row, sk, off, left, right);
+      }, deriv);
+      pos.sdS[er * SS + c] = __float2half_rn(pr * (pos.sdP[er * SS + c] - pos.dsum) * deriv);
     }
+  }
+
+  __device__ __forceinline__ void accumulate(const Scores&, const __half* sK, int part) {
+    using namespace nvcuda;
     __syncwarp();
 #pragma unroll
     for (int kt = 0; kt < BN / 16; ++kt) {
@@ -443,17 +389,33 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
     }
   }
 
-  __syncwarp();
-  const int nrows = min(16, sq - (m0 + warp * 16));
-  if (nrows > 0) {
-    __half* const dqg = static_cast<__half*>(p.dq) +
-                        q_like(rows, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride) +
-                        (int64_t)(m0 + warp * 16) * p.dq_row_stride;
+  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdRows& rows, int h,
+                                        int m0, int sq, int part) {
+    using namespace detail;
+    __syncwarp();
+    const int nrows = min(16, sq - (m0 + warp * 16));
+    if (nrows > 0) {
+      __half* const dqg = static_cast<__half*>(p.dq) +
+                          q_like(rows, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride) +
+                          (int64_t)(m0 + warp * 16) * p.dq_row_stride;
 #pragma unroll
-    for (int dn = 0; dn < DC / 16; ++dn)
-      store_tile_f16(dq[dn], sS, SS, dqg, p.dq_row_stride, nrows, part * DC + dn * 16, head_dim,
-                     p.scale, lane);
+      for (int dn = 0; dn < DC / 16; ++dn)
+        store_tile_f16(dq[dn], sS, SS, dqg, p.dq_row_stride, nrows, part * DC + dn * 16, p.head_dim,
+                       p.scale, lane);
+    }
   }
+};
+
+template <class C, int MODE>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const BwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  detail::bwd_main_body<BwdMainOps<C, MODE>>(p, smem_raw);
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  detail::bwd_dq_body<BwdDqOps<C>>(p, smem_raw);
 }
 
 template <class C, class CDv = C>

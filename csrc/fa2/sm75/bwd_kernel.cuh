@@ -1,5 +1,7 @@
-// FlashAttention-2 backward kernels for Turing (sm_75): mma.m16n8k8 + ldmatrix, as the
-// forward (fwd_kernel.cuh). Algorithm and work split: common/bwd_common.cuh.
+// FlashAttention-2 backward for Turing (sm_75): the math of the two passes whose bodies
+// common/bwd_kernel.cuh holds (BwdMainOps, BwdDqOps), in mma.m16n8k8 + ldmatrix as the
+// forward (fwd_kernel.cuh). Algorithm: common/bwd_common.cuh. The sm75-only features stay
+// here: the dim split, K/V as A fragments in registers (v_in_regs), dQ in chunks.
 //
 // bwd_kernel: one CTA per (BN keys, kv head, batch), warp w owning keys 16w .. 16w + 15
 // (with a dim split, warps 2w and 2w + 1 own them, each half of the head dim: the
@@ -14,9 +16,6 @@
 // bwd_dq_kernel (deterministic): one CTA per (DQ_BM queries, head, batch), warp = 16 query
 // rows, as the forward: S = Q K^T, dP = dO V^T, dS, dQ += dS K in registers, key tiles in
 // ascending order; writes dq itself (fp16, times the scale).
-// Query tiles come through QueryTile (common/bwd_common.cuh): prefetched into registers
-// where the config has registers to spare for it (targets.json "prefetch"), else copied
-// synchronously; K/V and the dQ kernel's tiles are copied synchronously.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -25,6 +24,7 @@
 #include <cstdint>
 
 #include "common/bwd_common.cuh"
+#include "common/bwd_kernel.cuh"
 #include "common/dim_split.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
@@ -74,321 +74,296 @@ struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS
   static_assert(D / 8 % kWarpsPerSlice == 0, "dQ: the warps of a slice split its n8 tiles evenly");
 };
 
-// ldmatrix from a 32-bit shared address: every fragment address is a base per tile plus
-// a constant that ptxas folds into the instruction.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x2_t(uint32_t (&r)[2], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(addr));
+// The A fragment of k16 step kt from x (P^T, dS^T or dS in fp32 accumulators, n8 tiles)
+// packed to fp16: the accumulator layout of two n8 tiles is the A layout (as P in the forward).
+template <int N>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&x)[N][4], int kt) {
+  a[0] = detail::pack_half2(x[2 * kt][0], x[2 * kt][1]);
+  a[1] = detail::pack_half2(x[2 * kt][2], x[2 * kt][3]);
+  a[2] = detail::pack_half2(x[2 * kt + 1][0], x[2 * kt + 1][1]);
+  a[3] = detail::pack_half2(x[2 * kt + 1][2], x[2 * kt + 1][3]);
 }
 
+// acc (M n8 tiles of columns) += A x B, B's 16 rows at addr read with ldmatrix.trans (stored
+// [k][n]), 16 columns per step.
+template <int M>
+__device__ __forceinline__ void mma_trans(float (&acc)[M][4], const uint32_t (&a)[4], uint32_t addr) {
+#pragma unroll
+  for (int dn = 0; dn < M / 2; ++dn) {
+    uint32_t b[4];
+    detail::ldmatrix_x4_trans(b, addr + dn * 32);
+    detail::mma_k16(acc[2 * dn], acc[2 * dn + 1], a, b);
+  }
+}
+
+// The main pass's math (common/bwd_kernel.cuh bwd_main_body), everything transposed (keys
+// are the MMA rows): this warp's 16 keys (kw), with a dim split its half of the columns (c0).
 template <class C, int MODE>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const BwdParams p) {
-  using namespace detail;
-  constexpr int D = C::kHeadDim, BN = C::kBlockN, BM = C::kBlockM, ST = C::kStride;
-  constexpr int KS = C::kDimSplit, DW = D / KS;  // DW: the columns of dK / dV a warp holds
-  constexpr int SD = C::kDsStride, NQ = BM / 8, DT = DW / 8, T = C::kThreads;
+struct BwdMainOps {
+  using Config = C;
+  static constexpr int kMode = MODE;
+  static constexpr int kScratchBytes = 0;  // LSE, dsum right after dS^T
+  static constexpr int D = C::kHeadDim, BN = C::kBlockN, BM = C::kBlockM, ST = C::kStride;
+  static constexpr int KS = C::kDimSplit, DW = D / KS;  // DW: the columns of dK / dV a warp holds
+  static constexpr int SD = C::kDsStride, NQ = BM / 8, DT = DW / 8;
   // kk loops unrolled by 2: the next slice's ldmatrix overlaps this one's mma (measured 1-4%
   // faster at d80-d128); full unrolling only adds registers, and d256 has none to spare
-  constexpr int KKU = D >= 256 ? 1 : 2;
-  constexpr bool kDv = MODE != kBwdDkDq, kDk = MODE != kBwdDv;
-  constexpr bool kVRegs = C::kVInRegs && kDk;  // V as A fragments in registers, no sV
+  static constexpr int KKU = D >= 256 ? 1 : 2;
+  static constexpr bool kDv = MODE != detail::kBwdDkDq, kDk = MODE != detail::kBwdDv;
+  static constexpr bool kVRegs = C::kVInRegs && kDk;  // V as A fragments in registers, no sV
   // the dV pass of such a config holds K the same way (S^T = K Q^T is its only use of K)
-  constexpr bool kKRegs = C::kVInRegs && MODE == kBwdDv;
-  constexpr bool kARegs = kVRegs || kKRegs;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  // the layout of BwdConfig::smem_bytes(MODE) (the dV pass has no sD either)
-  __half* const sK = reinterpret_cast<__half*>(smem_raw);
-  __half* const sV = sK + BN * ST;
-  __half* const sQ = sV + C::v_rows(MODE) * ST;
-  __half* const sdO = sQ + BM * ST;
-  __half* const sdS = sdO + BM * ST;
-  float* const sL = reinterpret_cast<float*>(sdS + C::ds_rows(MODE) * SD);
-  float* const sD = sL + BM;
+  static constexpr bool kKRegs = C::kVInRegs && MODE == detail::kBwdDv;
+  static constexpr bool kARegs = kVRegs || kKRegs;
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // kw: this warp's 16 keys; c0: its first column (dim split)
-  const int kw = warp / KS, c0 = KS > 1 ? (warp % KS) * DW : 0;
-  const int g = lane >> 2, tig = lane & 3;
-  const int hk = blockIdx.y, b = blockIdx.z, n0 = blockIdx.x * BN;
-  const BwdRows rows = bwd_rows(p, b);
-  const int sq = rows.sq, sk = rows.sk;
-  if (n0 >= sk) return;
-  const int head_dim = p.head_dim;
-  const int group = p.heads / p.kv_heads;
-  const int off = sk - sq, n_last = min(n0 + BN, sk) - 1;
-  const int left = p.window_left, right = p.window_right;
-  const SoftmaxScale sc = softmax_scale(p);
-  const bool dq_atomic = kDk && !p.deterministic;
+  // S^T (then P^T) and dP^T (then dS^T) of one query tile, in the accumulators
+  struct Scores {
+    float st[NQ][4], dpt[kDk ? NQ : 1][4];
+  };
 
-  copy_rows<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
-                                  k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
-                          p.k_row_stride, n0, sk, head_dim, tid);
-  if constexpr (C::v_rows(MODE) > 0)
-    copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
-                                    k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
-                            p.v_row_stride, n0, sk, head_dim, tid);
-
-  int m_lo, m_hi;
-  query_range(p, n0, n_last, sq, off, m_lo, m_hi);
-  const int t_lo = m_lo / BM, t_hi = m_hi > m_lo ? (m_hi + BM - 1) / BM : t_lo;
-
+  const int warp, lane;
+  const int kw, c0;  // kw: this warp's 16 keys; c0: its first column (dim split)
+  const int g, tig;
   float dk[kDk ? DT : 1][4], dv[kDv ? DT : 1][4];
-#pragma unroll
-  for (int i = 0; i < (kDk ? DT : 1); ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
-#pragma unroll
-  for (int i = 0; i < (kDv ? DT : 1); ++i) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+  int a_frag, b_frag, bt_frag, ds_frag, key0;
+  uint32_t tQ, tdO;  // this tile's Q and dO as B stored [k][n] (ldmatrix .trans)
+  detail::PairSlots xs;
+  uint32_t afrag[kARegs ? DW / 16 : 1][4];
 
-  // ldmatrix lane addresses (see fwd_kernel.cuh): A rows of this warp; B stored [n][k];
-  // B stored [k][n] (.trans); dS A stored [k][m] (.trans)
-  const int a_frag = (kw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8 + c0;
-  const int b_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8 + c0;
-  const int bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
-  const int ds_frag = ((lane & 7) + (lane >> 4) * 8) * SD + ((lane >> 3) & 1) * 8;
-  const int key0 = n0 + kw * 16 + g;  // this thread's keys: key0, key0 + 8
-  // dim split (KS = 2): the exchange slots (common/dim_split.cuh), S^T then dP^T; the pair
-  // meets at named barrier 1 + kw
-  [[maybe_unused]] const PairSlots xs =
-      pair_slots(smem_raw + C::exchange_offset(MODE), warp, C::exchange_floats4(MODE), lane);
-  // kARegs: the A fragments of V's (kVRegs) or K's (kKRegs) 16 x D block of this warp
-  // straight from global memory, as ldsm_x4 at aV / aK + kk * 32 would give them (r: rows
-  // +0/+8, columns +0/+8 of slice kk); 32-bit loads, once per CTA. Keys past sk and columns
-  // past head_dim are zeros.
-  [[maybe_unused]] uint32_t afrag[kARegs ? DW / 16 : 1][4];
-  if constexpr (kARegs) {
-    const __half* const ag =
-        kKRegs ? static_cast<const __half*>(p.k) +
-                     k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride)
-               : static_cast<const __half*>(p.v) +
-                     k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-    const int64_t a_stride = kKRegs ? p.k_row_stride : p.v_row_stride;
+  __device__ __forceinline__ BwdMainOps(unsigned char*, int warp_, int lane_)
+      : warp(warp_), lane(lane_), kw(warp_ / KS), c0(KS > 1 ? (warp_ % KS) * DW : 0),
+        g(lane_ >> 2), tig(lane_ & 3) {}
+
+  __device__ __forceinline__ void zero() {
 #pragma unroll
-    for (int kk = 0; kk < DW / 16; ++kk)
+    for (int i = 0; i < (kDk ? DT : 1); ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int key = key0 + (r & 1) * 8, col = c0 + kk * 16 + (r >> 1) * 8 + tig * 2;
-        afrag[kk][r] = key < sk && col < head_dim
-                           ? __ldg(reinterpret_cast<const unsigned int*>(
-                                 ag + (int64_t)key * a_stride + col))
-                           : 0u;
+    for (int i = 0; i < (kDv ? DT : 1); ++i) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+  }
+
+  __device__ __forceinline__ void begin(const BwdParams& p, const detail::BwdRows& rows, int hk,
+                                        int n0, int sk, int head_dim, unsigned char* smem_raw) {
+    using namespace detail;
+    // ldmatrix lane addresses (see fwd_kernel.cuh): A rows of this warp; B stored [n][k];
+    // B stored [k][n] (.trans); dS A stored [k][m] (.trans)
+    a_frag = (kw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8 + c0;
+    b_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8 + c0;
+    bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+    ds_frag = ((lane & 7) + (lane >> 4) * 8) * SD + ((lane >> 3) & 1) * 8;
+    key0 = n0 + kw * 16 + g;  // this thread's keys: key0, key0 + 8
+    // dim split (KS = 2): the exchange slots (common/dim_split.cuh), S^T then dP^T; the pair
+    // meets at named barrier 1 + kw
+    if constexpr (KS > 1)
+      xs = pair_slots(smem_raw + C::exchange_offset(MODE), warp, C::exchange_floats4(MODE), lane);
+    // kARegs: the A fragments of V's (kVRegs) or K's (kKRegs) 16 x D block of this warp
+    // straight from global memory, as ldmatrix_x4 at aV / aK + kk * 32 would give them (r:
+    // rows +0/+8, columns +0/+8 of slice kk); 32-bit loads, once per CTA. Keys past sk and
+    // columns past head_dim are zeros.
+    if constexpr (kARegs) {
+      const __half* const ag =
+          kKRegs ? static_cast<const __half*>(p.k) +
+                       k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride)
+                 : static_cast<const __half*>(p.v) +
+                       k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+      const int64_t a_stride = kKRegs ? p.k_row_stride : p.v_row_stride;
+#pragma unroll
+      for (int kk = 0; kk < DW / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int key = key0 + (r & 1) * 8, col = c0 + kk * 16 + (r >> 1) * 8 + tig * 2;
+          afrag[kk][r] = key < sk && col < head_dim
+                             ? __ldg(reinterpret_cast<const unsigned int*>(
+                                   ag + (int64_t)key * a_stride + col))
+                             : 0u;
+        }
+    }
+  }
+
+  // The 16 x 16 A fragment of head-dim slice kk of this warp's K or V rows: held in
+  // registers (REGS: afrag) or loaded with ldmatrix from base
+  template <bool REGS>
+  __device__ __forceinline__ void load_a(uint32_t (&a)[4], int kk, uint32_t base) const {
+    if constexpr (REGS) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a[r] = afrag[kk][r];
+    } else {
+      detail::ldmatrix_x4(a, base + kk * 32);
+    }
+  }
+  // acc (the tile's BM queries, n8 tiles) += A x B over slice kk, B the BM rows at b as
+  // stored ([query][d]): each B fragment feeds one MMA pair
+  __device__ __forceinline__ static void mma_rows(float (&acc)[NQ][4], const uint32_t (&a)[4],
+                                                  uint32_t b, int kk) {
+#pragma unroll
+    for (int nn = 0; nn < BM / 16; ++nn) {
+      uint32_t bb[4];
+      detail::ldmatrix_x4(bb, b + (nn * 16 * ST + kk * 16) * 2);
+      detail::mma_k16(acc[2 * nn], acc[2 * nn + 1], a, bb);
+    }
+  }
+  // ---- S^T = K Q^T, dP^T = V dO^T (each B fragment feeds one MMA pair)
+  __device__ __forceinline__ void scores(Scores& t, const __half* sK, const __half* sV,
+                                         const __half* sQ, const __half* sdO) {
+    using namespace detail;
+    auto& st = t.st;
+    auto& dpt = t.dpt;
+    const uint32_t aK = smem_addr(sK + a_frag), aV = smem_addr(sV + a_frag);
+    const uint32_t bQ = smem_addr(sQ + b_frag), bdO = smem_addr(sdO + b_frag);
+    tQ = smem_addr(sQ + bt_frag + c0);
+    tdO = smem_addr(sdO + bt_frag + c0);
+#pragma unroll
+    for (int i = 0; i < NQ; ++i) st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < (kDk ? NQ : 1); ++i) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
+    // fully unrolled with kARegs: afrag[kk] must be a register, not re-loaded per tile
+#pragma unroll(kARegs ? DW / 16 : KKU)
+    for (int kk = 0; kk < DW / 16; ++kk) {
+      uint32_t ak[4];
+      load_a<kKRegs>(ak, kk, aK);
+      mma_rows(st, ak, bQ, kk);
+      if constexpr (kDk) {
+        uint32_t av[4];
+        load_a<kVRegs>(av, kk, aV);
+        mma_rows(dpt, av, bdO, kk);
+      }
+    }
+    if constexpr (KS > 1) {
+      // S^T, dP^T = this half's partials + the partner's. A slot is rewritten next tile
+      // only after the loop's first barrier, which the partner reaches after its read.
+      if constexpr (kDk) put_partial(xs.mine, st, dpt); else put_partial(xs.mine, st);
+      named_barrier(1 + kw, 32 * KS);
+      if constexpr (kDk) add_partial(st, dpt, xs.peer); else add_partial(st, xs.peer);
+    }
+  }
+
+  // ---- P^T = exp2(S^T sl2 - LSE2), dS^T = P^T (dP^T - dsum) (1 - tanh^2); element e of
+  // n8 tile i: key key0 + (e >> 1) * 8, query m0 + 8i + 2 tig + (e & 1)
+  // What the elementwise step needs of this thread (the step runs inside with_score_flags'
+  // lambda, which then captures this small struct instead of the whole Ops)
+  struct Pos {
+    int key0, tig;
+  };
+  __device__ __forceinline__ Pos pos() const { return {key0, tig}; }
+
+  template <class Flags>
+  __device__ __forceinline__ static void probs(const Pos& pos, Scores& t, const Flags& flags,
+                                               const BwdParams& p,
+                                        const detail::SoftmaxScale& sc, const float* sL,
+                                        const float* sD, __half*, int, int m0, int sk, int off,
+                                        int left, int right) {
+    using namespace detail;
+    auto& st = t.st;
+    auto& dpt = t.dpt;
+    const int key0 = pos.key0, tig = pos.tig;
+#pragma unroll
+    for (int i = 0; i < NQ; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = i * 8 + tig * 2 + (e & 1);
+        float deriv;
+        const float pr = score_prob(flags, st[i][e], sc, p.softcap, sL[qi], [&] {
+          return key_visible(key0 + (e >> 1) * 8, m0 + qi, sk, off, left, right);
+        }, deriv);
+        st[i][e] = pr;
+        if constexpr (kDk) dpt[i][e] = pr * (dpt[i][e] - sD[qi]) * deriv;
       }
   }
 
-  // One flat loop over (query head of the group, query tile): offsets are recomputed from
-  // the parameters each step instead of held across it (registers: dK/dV need them).
-  const int ntiles = t_hi - t_lo, nsteps = group * ntiles;
-  QueryTile<C, kDk> tile;
-  if (nsteps > 0) tile.load(p, rows, hk * group, t_lo * BM, tid);
-  for (int it = 0; it < nsteps; ++it) {
-    const int h = tile.h;
-    {
-      const int m0 = tile.m0;
-      __syncthreads();  // every warp is done with the previous tile's Q, dO, dS
-      tile.store(p, rows, sQ, sdO, sL, sD, tid);
-      __syncthreads();
-      // the next tile: in flight while this one computes (kPrefetch)
-      if (it + 1 < nsteps) tile.load_next(p, rows, t_lo, t_hi, tid);
-      // fragment bases (bytes)
-      const uint32_t aK = smem_addr(sK + a_frag), aV = smem_addr(sV + a_frag);
-      const uint32_t bQ = smem_addr(sQ + b_frag), bdO = smem_addr(sdO + b_frag);
-      const uint32_t tQ = smem_addr(sQ + bt_frag + c0), tdO = smem_addr(sdO + bt_frag + c0);
-
-      // ---- S^T = K Q^T, dP^T = V dO^T (each B fragment feeds one MMA pair)
-      float st[NQ][4], dpt[kDk ? NQ : 1][4];
+  // ---- dV += P^T dO, dK += dS^T Q (k = queries, 16 at a time): P^T / dS^T packed to fp16
+  // are the A fragments
+  __device__ __forceinline__ void accumulate(const Scores& t, const __half*, const __half*,
+                                             __half* sdS, bool dq_atomic) {
+    using namespace detail;
+    auto& st = t.st;
+    auto& dpt = t.dpt;
 #pragma unroll
-      for (int i = 0; i < NQ; ++i) st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.f;
-#pragma unroll
-      for (int i = 0; i < (kDk ? NQ : 1); ++i) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
-      // fully unrolled with kARegs: afrag[kk] must be a register, not re-loaded per tile
-#pragma unroll(kARegs ? DW / 16 : KKU)
-      for (int kk = 0; kk < DW / 16; ++kk) {
-        uint32_t ak[4];
-        if constexpr (kKRegs) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) ak[r] = afrag[kk][r];
-        } else {
-          ldsm_x4(ak, aK + kk * 32);
-        }
-#pragma unroll
-        for (int nn = 0; nn < BM / 16; ++nn) {
-          uint32_t bq[4];
-          ldsm_x4(bq, bQ + (nn * 16 * ST + kk * 16) * 2);
-          mma_m16n8k8(st[2 * nn], ak[0], ak[1], bq[0]);
-          mma_m16n8k8(st[2 * nn], ak[2], ak[3], bq[1]);
-          mma_m16n8k8(st[2 * nn + 1], ak[0], ak[1], bq[2]);
-          mma_m16n8k8(st[2 * nn + 1], ak[2], ak[3], bq[3]);
-        }
-        if constexpr (kDk) {
-          uint32_t av[4];
-          if constexpr (kVRegs) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) av[r] = afrag[kk][r];
-          } else {
-            ldsm_x4(av, aV + kk * 32);
-          }
-#pragma unroll
-          for (int nn = 0; nn < BM / 16; ++nn) {
-            uint32_t bd[4];
-            ldsm_x4(bd, bdO + (nn * 16 * ST + kk * 16) * 2);
-            mma_m16n8k8(dpt[2 * nn], av[0], av[1], bd[0]);
-            mma_m16n8k8(dpt[2 * nn], av[2], av[3], bd[1]);
-            mma_m16n8k8(dpt[2 * nn + 1], av[0], av[1], bd[2]);
-            mma_m16n8k8(dpt[2 * nn + 1], av[2], av[3], bd[3]);
-          }
-        }
+    for (int kt = 0; kt < BM / 16; ++kt) {
+      if constexpr (kDv) {
+        uint32_t a[4];
+        pack_a(a, st, kt);
+        mma_trans(dv, a, tdO + kt * 16 * ST * 2);
       }
-      if constexpr (KS > 1) {
-        // S^T, dP^T = this half's partials + the partner's. A slot is rewritten next tile
-        // only after the loop's first barrier, which the partner reaches after its read.
-        if constexpr (kDk) put_partial(xs.mine, st, dpt); else put_partial(xs.mine, st);
-        named_barrier(1 + kw, 32 * KS);
-        if constexpr (kDk) add_partial(st, dpt, xs.peer); else add_partial(st, xs.peer);
-      }
-
-      // ---- P^T = exp2(S^T sl2 - LSE2), dS^T = P^T (dP^T - dsum) (1 - tanh^2); element e of
-      // n8 tile i: key key0 + (e >> 1) * 8, query m0 + 8i + 2 tig + (e & 1)
-      const int last_row = min(m0 + BM, sq) - 1;
-      const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
-      with_score_flags(p.softcap > 0.f, masked, [&](auto flags) {
-#pragma unroll
-        for (int i = 0; i < NQ; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int qi = i * 8 + tig * 2 + (e & 1);
-            float deriv;
-            const float pr = score_prob(flags, st[i][e], sc, p.softcap, sL[qi], [&] {
-              return key_visible(key0 + (e >> 1) * 8, m0 + qi, sk, off, left, right);
-            }, deriv);
-            st[i][e] = pr;
-            if constexpr (kDk) dpt[i][e] = pr * (dpt[i][e] - sD[qi]) * deriv;
-          }
-      });
-
-      // ---- dV += P^T dO, dK += dS^T Q (k = queries, 16 at a time)
-#pragma unroll
-      for (int kt = 0; kt < BM / 16; ++kt) {
-        if constexpr (kDv) {
-          const uint32_t a0 = pack_half2(st[2 * kt][0], st[2 * kt][1]);
-          const uint32_t a1 = pack_half2(st[2 * kt][2], st[2 * kt][3]);
-          const uint32_t a2 = pack_half2(st[2 * kt + 1][0], st[2 * kt + 1][1]);
-          const uint32_t a3 = pack_half2(st[2 * kt + 1][2], st[2 * kt + 1][3]);
-          uint32_t addr = tdO + kt * 16 * ST * 2;
-#pragma unroll
-          for (int dn = 0; dn < DW / 16; ++dn) {
-            uint32_t bv[4];
-            ldsm_x4_t(bv, addr + dn * 32);
-            mma_m16n8k8(dv[2 * dn], a0, a1, bv[0]);
-            mma_m16n8k8(dv[2 * dn], a2, a3, bv[1]);
-            mma_m16n8k8(dv[2 * dn + 1], a0, a1, bv[2]);
-            mma_m16n8k8(dv[2 * dn + 1], a2, a3, bv[3]);
-          }
-        }
-        if constexpr (kDk) {
-          const uint32_t a0 = pack_half2(dpt[2 * kt][0], dpt[2 * kt][1]);
-          const uint32_t a1 = pack_half2(dpt[2 * kt][2], dpt[2 * kt][3]);
-          const uint32_t a2 = pack_half2(dpt[2 * kt + 1][0], dpt[2 * kt + 1][1]);
-          const uint32_t a3 = pack_half2(dpt[2 * kt + 1][2], dpt[2 * kt + 1][3]);
-          uint32_t addr = tQ + kt * 16 * ST * 2;
-#pragma unroll
-          for (int dn = 0; dn < DW / 16; ++dn) {
-            uint32_t bq[4];
-            ldsm_x4_t(bq, addr + dn * 32);
-            mma_m16n8k8(dk[2 * dn], a0, a1, bq[0]);
-            mma_m16n8k8(dk[2 * dn], a2, a3, bq[1]);
-            mma_m16n8k8(dk[2 * dn + 1], a0, a1, bq[2]);
-            mma_m16n8k8(dk[2 * dn + 1], a2, a3, bq[3]);
-          }
-          // dS^T -> shared memory, this warp's 16 key rows (dim split: the pair holds the
-          // same dS^T, the first warp writes it)
-          if (dq_atomic && c0 == 0) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const int i = 2 * kt + j;
-              *reinterpret_cast<uint32_t*>(sdS + (kw * 16 + g) * SD + i * 8 + tig * 2) =
-                  pack_half2(dpt[i][0], dpt[i][1]);
-              *reinterpret_cast<uint32_t*>(sdS + (kw * 16 + g + 8) * SD + i * 8 + tig * 2) =
-                  pack_half2(dpt[i][2], dpt[i][3]);
-            }
-          }
-        }
-      }
-
-      // ---- dQ += dS K over this CTA's BN keys, fp32 atomics (one writer order per run
-      // is not fixed: p.deterministic runs bwd_dq_kernel instead)
       if constexpr (kDk) {
-        if (dq_atomic) {
-          __syncthreads();  // dS^T of every warp stored
-          const uint32_t tK = smem_addr(sK + bt_frag), aS = smem_addr(sdS + ds_frag);
-          float* const acc = p.dq_accum + q_like(rows, h, p.acc_batch_stride, p.acc_row_stride, head_dim);
+        uint32_t a[4];
+        pack_a(a, dpt, kt);
+        mma_trans(dk, a, tQ + kt * 16 * ST * 2);
+        // dS^T -> shared memory, this warp's 16 key rows (dim split: the pair holds the
+        // same dS^T, the first warp writes it)
+        if (dq_atomic && c0 == 0) {
 #pragma unroll
-          for (int si = 0; si < C::kSlicesPerWarp; ++si) {
-            const int slice = C::kWarps >= C::kSlices ? warp / C::kWarpsPerSlice
-                                                      : warp * C::kSlicesPerWarp + si;
-            const int tile0 = C::kWarps >= C::kSlices ? (warp % C::kWarpsPerSlice) * C::kDqTiles : 0;
-            const int row = m0 + slice * 16 + g;
+          for (int j = 0; j < 2; ++j) {
+            const int i = 2 * kt + j;
+            *reinterpret_cast<uint32_t*>(sdS + (kw * 16 + g) * SD + i * 8 + tig * 2) =
+                pack_half2(dpt[i][0], dpt[i][1]);
+            *reinterpret_cast<uint32_t*>(sdS + (kw * 16 + g + 8) * SD + i * 8 + tig * 2) =
+                pack_half2(dpt[i][2], dpt[i][3]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- dQ += dS K: the tile's BM / 16 query slices x D / 8 n8 tiles over the warps
+  // (kSlicesPerWarp, kDqTiles), kDqChunk n8 tiles accumulated at a time
+  __device__ __forceinline__ void dq_atomic(const BwdParams& p, const detail::BwdRows& rows,
+                                            int h, int m0, int sq, const __half* sK,
+                                            const __half* sdS) {
+    using namespace detail;
+    const int head_dim = p.head_dim;
+    const uint32_t tK = smem_addr(sK + bt_frag), aS = smem_addr(sdS + ds_frag);
+    float* const acc = p.dq_accum + q_like(rows, h, p.acc_batch_stride, p.acc_row_stride, head_dim);
+#pragma unroll
+    for (int si = 0; si < C::kSlicesPerWarp; ++si) {
+      const int slice = C::kWarps >= C::kSlices ? warp / C::kWarpsPerSlice
+                                                : warp * C::kSlicesPerWarp + si;
+      const int tile0 = C::kWarps >= C::kSlices ? (warp % C::kWarpsPerSlice) * C::kDqTiles : 0;
+      const int row = m0 + slice * 16 + g;
 #pragma unroll 1
-            for (int c0 = 0; c0 < C::kDqTiles; c0 += C::kDqChunk) {
-              float a[C::kDqChunk][4];
+      for (int c0 = 0; c0 < C::kDqTiles; c0 += C::kDqChunk) {
+        float a[C::kDqChunk][4];
 #pragma unroll
-              for (int j = 0; j < C::kDqChunk; ++j) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.f;
+        for (int j = 0; j < C::kDqChunk; ++j) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.f;
 #pragma unroll
-              for (int kt = 0; kt < BN / 16; ++kt) {
-                uint32_t as[4];
-                ldsm_x4_t(as, aS + (kt * 16 * SD + slice * 16) * 2);
+        for (int kt = 0; kt < BN / 16; ++kt) {
+          uint32_t as[4];
+          ldmatrix_x4_trans(as, aS + (kt * 16 * SD + slice * 16) * 2);
 #pragma unroll
-                for (int j = 0; j < C::kDqChunk / 2; ++j) {
-                  uint32_t bk[4];
-                  ldsm_x4_t(bk, tK + (kt * 16 * ST + (tile0 + c0 + 2 * j) * 8) * 2);
-                  mma_m16n8k8(a[2 * j], as[0], as[1], bk[0]);
-                  mma_m16n8k8(a[2 * j], as[2], as[3], bk[1]);
-                  mma_m16n8k8(a[2 * j + 1], as[0], as[1], bk[2]);
-                  mma_m16n8k8(a[2 * j + 1], as[2], as[3], bk[3]);
-                }
-                if constexpr (C::kDqChunk % 2 == 1) {  // the odd last n8 tile
-                  uint32_t bk[2];
-                  ldsm_x2_t(bk, tK + (kt * 16 * ST + (tile0 + c0 + C::kDqChunk - 1) * 8) * 2);
-                  mma_m16n8k8(a[C::kDqChunk - 1], as[0], as[1], bk[0]);
-                  mma_m16n8k8(a[C::kDqChunk - 1], as[2], as[3], bk[1]);
-                }
+          for (int j = 0; j < C::kDqChunk / 2; ++j) {
+            uint32_t bk[4];
+            ldmatrix_x4_trans(bk, tK + (kt * 16 * ST + (tile0 + c0 + 2 * j) * 8) * 2);
+            mma_k16(a[2 * j], a[2 * j + 1], as, bk);
+          }
+          if constexpr (C::kDqChunk % 2 == 1) {  // the odd last n8 tile
+            uint32_t bk[2];
+            ldmatrix_x2_trans(bk, tK + (kt * 16 * ST + (tile0 + c0 + C::kDqChunk - 1) * 8) * 2);
+            mma_m16n8k8(a[C::kDqChunk - 1], as[0], as[1], bk[0]);
+            mma_m16n8k8(a[C::kDqChunk - 1], as[2], as[3], bk[1]);
+          }
+        }
+        // this thread's dQ elements: rows row, row + 8, columns col0 + 8j, + 1. A chunk
+        // wholly inside dq takes its atomics unconditionally at constant offsets from two
+        // row pointers; tested one by one, each became a branch that rebuilt its address.
+        const int col0 = (tile0 + c0) * 8 + tig * 2;
+        float* const r0 = acc + (int64_t)row * p.acc_row_stride + col0;
+        float* const r8 = r0 + 8 * p.acc_row_stride;
+        if (row + 8 < sq && (tile0 + c0 + C::kDqChunk) * 8 <= head_dim) {
+#pragma unroll
+          for (int j = 0; j < C::kDqChunk; ++j) {
+            atomicAdd(r0 + j * 8, a[j][0]);
+            atomicAdd(r0 + j * 8 + 1, a[j][1]);
+            atomicAdd(r8 + j * 8, a[j][2]);
+            atomicAdd(r8 + j * 8 + 1, a[j][3]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < C::kDqChunk; ++j) {
+            if (col0 + j * 8 < head_dim) {
+              if (row < sq) {
+                atomicAdd(r0 + j * 8, a[j][0]);
+                atomicAdd(r0 + j * 8 + 1, a[j][1]);
               }
-              // this thread's dQ elements: rows row, row + 8, columns col0 + 8j, + 1. A chunk
-              // wholly inside dq takes its atomics unconditionally at constant offsets from two
-              // row pointers; tested one by one, each became a branch that rebuilt its address.
-              const int col0 = (tile0 + c0) * 8 + tig * 2;
-              float* const r0 = acc + (int64_t)row * p.acc_row_stride + col0;
-              float* const r8 = r0 + 8 * p.acc_row_stride;
-              if (row + 8 < sq && (tile0 + c0 + C::kDqChunk) * 8 <= head_dim) {
-#pragma unroll
-                for (int j = 0; j < C::kDqChunk; ++j) {
-                  atomicAdd(r0 + j * 8, a[j][0]);
-                  atomicAdd(r0 + j * 8 + 1, a[j][1]);
-                  atomicAdd(r8 + j * 8, a[j][2]);
-                  atomicAdd(r8 + j * 8 + 1, a[j][3]);
-                }
-              } else {
-#pragma unroll
-                for (int j = 0; j < C::kDqChunk; ++j) {
-                  if (col0 + j * 8 < head_dim) {
-                    if (row < sq) {
-                      atomicAdd(r0 + j * 8, a[j][0]);
-                      atomicAdd(r0 + j * 8 + 1, a[j][1]);
-                    }
-                    if (row + 8 < sq) {
-                      atomicAdd(r8 + j * 8, a[j][2]);
-                      atomicAdd(r8 + j * 8 + 1, a[j][3]);
-                    }
-                  }
-                }
+              if (row + 8 < sq) {
+                atomicAdd(r8 + j * 8, a[j][2]);
+                atomicAdd(r8 + j * 8 + 1, a[j][3]);
               }
             }
           }
@@ -399,107 +374,91 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const B
 
   // ---- dK (times the scale), dV: fp16 straight from the accumulators; keys without a
   // query that sees them write zeros
-  const float scale = p.scale;
+  // The column test reads p.head_dim, not the body's head_dim: with that value nvcc merged it
+  // with the A-fragment loads' tests (kARegs) and kept their predicates live across the query
+  // loop (d128 dK pass: 255 registers instead of 244).
+  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdRows& rows, int hk,
+                                        int, int sk, int) {
+    using namespace detail;
+    const float scale = p.scale;
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int key = key0 + hr * 8;
-    if (key >= sk) continue;
-    __half* const dkr = static_cast<__half*>(p.dk) +
-                        k_like(rows, hk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride) +
-                        (int64_t)key * p.dk_row_stride;
-    __half* const dvr = static_cast<__half*>(p.dv) +
-                        k_like(rows, hk, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride) +
-                        (int64_t)key * p.dv_row_stride;
+    for (int hr = 0; hr < 2; ++hr) {
+      const int key = key0 + hr * 8;
+      if (key >= sk) continue;
+      __half* const dkr = static_cast<__half*>(p.dk) +
+                          k_like(rows, hk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride) +
+                          (int64_t)key * p.dk_row_stride;
+      __half* const dvr = static_cast<__half*>(p.dv) +
+                          k_like(rows, hk, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride) +
+                          (int64_t)key * p.dv_row_stride;
 #pragma unroll
-    for (int i = 0; i < DT; ++i) {
-      const int col = c0 + i * 8 + tig * 2;
-      if (col >= head_dim) continue;
-      if constexpr (kDk)
-        *reinterpret_cast<uint32_t*>(dkr + col) =
-            pack_half2(dk[i][2 * hr] * scale, dk[i][2 * hr + 1] * scale);
-      if constexpr (kDv)
-        *reinterpret_cast<uint32_t*>(dvr + col) = pack_half2(dv[i][2 * hr], dv[i][2 * hr + 1]);
+      for (int i = 0; i < DT; ++i) {
+        const int col = c0 + i * 8 + tig * 2;
+        if (col >= p.head_dim) continue;
+        if constexpr (kDk)
+          *reinterpret_cast<uint32_t*>(dkr + col) =
+              pack_half2(dk[i][2 * hr] * scale, dk[i][2 * hr + 1] * scale);
+        if constexpr (kDv)
+          *reinterpret_cast<uint32_t*>(dvr + col) = pack_half2(dv[i][2 * hr], dv[i][2 * hr + 1]);
+      }
     }
   }
-}
+};
 
-// Deterministic dQ: rows [m0, m0 + DQ_BM) of query head h, key tiles in ascending order.
+// The dQ pass's math (common/bwd_kernel.cuh bwd_dq_body), as the forward: warp = 16 query
+// rows, S = Q K^T, dP = dO V^T, dS, dQ += dS K in registers (dS packed to fp16 is the A
+// fragment, as P in the forward).
 template <class C>
-__global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p) {
-  using namespace detail;
-  constexpr int D = C::kHeadDim, BM = C::kDqBlockM, BN = C::kDqBlockN, ST = C::kStride;
-  constexpr int NT = BN / 8, DC = C::kDqCols, DT = DC / 8, T = C::kDqThreads;
-  constexpr int KKU = 1;  // kk loops: full unrolling only adds registers
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __half* const sQ = reinterpret_cast<__half*>(smem_raw);
-  __half* const sdO = sQ + BM * ST;
-  __half* const sK = sdO + BM * ST;
-  __half* const sV = sK + BN * ST;
+struct BwdDqOps {
+  using Config = C;
+  static constexpr int D = C::kHeadDim, BM = C::kDqBlockM, BN = C::kDqBlockN, ST = C::kStride;
+  static constexpr int NT = BN / 8, DC = C::kDqCols, DT = DC / 8;
+  static constexpr int KKU = 1;  // kk loops: full unrolling only adds registers
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, tig = lane & 3;
-  const int h = blockIdx.y, b = blockIdx.z;
-  // (query block, column part): longest (causal) blocks first
-  constexpr int NPART = D / DC;
-  const int part = blockIdx.x % NPART;
-  const int m0 = (gridDim.x / NPART - 1 - blockIdx.x / NPART) * BM;
-  const BwdRows rows = bwd_rows(p, b);
-  const int sq = rows.sq, sk = rows.sk;
-  if (m0 >= sq) return;
-  const int head_dim = p.head_dim;
-  const int hk = h / (p.heads / p.kv_heads);
-  const int left = p.window_left, right = p.window_right;
-  const SoftmaxScale sc = softmax_scale(p);
+  const int warp, lane, g, tig;
+  int r0;  // this thread's rows r0, r0 + 8: LSE (base 2) and dsum
+  float l2[2], dsum[2];
+  int a_frag, b_frag, bt_frag;
+  float dq[DT][4];
+  // S (then unused) and dP (then dS) of one key tile, in the accumulators
+  struct Scores {
+    float s[NT][4], dp[NT][4];
+  };
 
-  copy_rows<BM, T, D, ST, C::kDqCopyBatch>(sQ, static_cast<const __half*>(p.q) +
-                                  q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-                          p.q_row_stride, m0, sq, head_dim, tid);
-  copy_rows<BM, T, D, ST, C::kDqCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
-                                   q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
-                          p.do_row_stride, m0, sq, head_dim, tid);
-  const __half* const kg = static_cast<const __half*>(p.k) +
-                           k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  const __half* const vg = static_cast<const __half*>(p.v) +
-                           k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  __device__ __forceinline__ BwdDqOps(unsigned char*, int warp_, int lane_)
+      : warp(warp_), lane(lane_), g(lane_ >> 2), tig(lane_ & 3) {}
 
-  // this thread's rows r0, r0 + 8: LSE (base 2) and dsum
-  const int r0 = m0 + warp * 16 + g;
-  float l2[2], ds[2];
+  __device__ __forceinline__ void row_stats(const BwdParams& p, const detail::BwdRows& rows,
+                                            int h, int m0, int sq) {
+    using namespace detail;
+    r0 = m0 + warp * 16 + g;
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int r = r0 + hr * 8;
-    l2[hr] = r < sq ? lse_log2(p.lse[rows.qb * p.lse_batch_stride + h * p.lse_head_stride +
-                                     rows.qs + r])
-                    : INFINITY;
-    ds[hr] = r < sq ? p.dsum[rows.qb * p.dsum_batch_stride + h * p.dsum_head_stride +
-                             rows.qs + r]
-                    : 0.f;
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = r0 + hr * 8;
+      l2[hr] = r < sq ? lse_log2(p.lse[rows.qb * p.lse_batch_stride + h * p.lse_head_stride +
+                                       rows.qs + r])
+                      : INFINITY;
+      dsum[hr] = r < sq ? p.dsum[rows.qb * p.dsum_batch_stride + h * p.dsum_head_stride +
+                               rows.qs + r]
+                      : 0.f;
+    }
   }
 
-  const int off = sk - sq, last_row = min(m0 + BM, sq) - 1;
-  int n_lo = 0, n_hi = sk;
-  if (left >= 0) n_lo = max(0, m0 + off - left);
-  if (right >= 0) n_hi = min(sk, last_row + off + right + 1);
-  const int t_lo = n_lo / BN, t_hi = n_hi > n_lo ? (n_hi + BN - 1) / BN : t_lo;
-
-  const int a_frag = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
-  const int b_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
-  const int bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
-
-  float dq[DT][4];
+  __device__ __forceinline__ void begin() {
+    a_frag = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
+    b_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8;
+    bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
 #pragma unroll
-  for (int i = 0; i < DT; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+    for (int i = 0; i < DT; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+  }
 
-  for (int t = t_lo; t < t_hi; ++t) {
-    const int n0 = t * BN;
-    __syncthreads();  // every warp is done with the previous K, V
-    copy_rows<BN, T, D, ST, C::kDqCopyBatch>(sK, kg, p.k_row_stride, n0, sk, head_dim, tid);
-    copy_rows<BN, T, D, ST, C::kDqCopyBatch>(sV, vg, p.v_row_stride, n0, sk, head_dim, tid);
-    __syncthreads();
+  __device__ __forceinline__ void scores(Scores& t, const __half* sQ, const __half* sdO,
+                                         const __half* sK, const __half* sV) {
+    using namespace detail;
+    auto& s = t.s;
+    auto& dp = t.dp;
     const uint32_t aQ = smem_addr(sQ + a_frag), adO = smem_addr(sdO + a_frag);
     const uint32_t bK = smem_addr(sK + b_frag), bV = smem_addr(sV + b_frag);
-    const uint32_t tK = smem_addr(sK + bt_frag);
-    float s[NT][4], dp[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
       s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
@@ -508,73 +467,93 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
 #pragma unroll KKU
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t aq[4], ad[4];
-      ldsm_x4(aq, aQ + kk * 32);
-      ldsm_x4(ad, adO + kk * 32);
+      ldmatrix_x4(aq, aQ + kk * 32);
+      ldmatrix_x4(ad, adO + kk * 32);
 #pragma unroll
       for (int nn = 0; nn < BN / 16; ++nn) {
         uint32_t bk[4], bv[4];
-        ldsm_x4(bk, bK + (nn * 16 * ST + kk * 16) * 2);
-        ldsm_x4(bv, bV + (nn * 16 * ST + kk * 16) * 2);
-        mma_m16n8k8(s[2 * nn], aq[0], aq[1], bk[0]);
-        mma_m16n8k8(s[2 * nn], aq[2], aq[3], bk[1]);
-        mma_m16n8k8(s[2 * nn + 1], aq[0], aq[1], bk[2]);
-        mma_m16n8k8(s[2 * nn + 1], aq[2], aq[3], bk[3]);
-        mma_m16n8k8(dp[2 * nn], ad[0], ad[1], bv[0]);
-        mma_m16n8k8(dp[2 * nn], ad[2], ad[3], bv[1]);
-        mma_m16n8k8(dp[2 * nn + 1], ad[0], ad[1], bv[2]);
-        mma_m16n8k8(dp[2 * nn + 1], ad[2], ad[3], bv[3]);
-      }
-    }
-    const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);
-    with_score_flags(p.softcap > 0.f, masked, [&](auto flags) {
-#pragma unroll
-      for (int i = 0; i < NT; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int hr = e >> 1;
-          float deriv;
-          const float pr = score_prob(flags, s[i][e], sc, p.softcap, l2[hr], [&] {
-            return key_visible(n0 + i * 8 + tig * 2 + (e & 1), r0 + hr * 8, sk, off, left, right);
-          }, deriv);
-          dp[i][e] = pr * (dp[i][e] - ds[hr]) * deriv;
-        }
-    });
-    // ---- dQ += dS K: dS packed to fp16 is the A fragment (as P in the forward)
-#pragma unroll
-    for (int kt = 0; kt < BN / 16; ++kt) {
-      const uint32_t a0 = pack_half2(dp[2 * kt][0], dp[2 * kt][1]);
-      const uint32_t a1 = pack_half2(dp[2 * kt][2], dp[2 * kt][3]);
-      const uint32_t a2 = pack_half2(dp[2 * kt + 1][0], dp[2 * kt + 1][1]);
-      const uint32_t a3 = pack_half2(dp[2 * kt + 1][2], dp[2 * kt + 1][3]);
-      uint32_t addr = tK + (kt * 16 * ST + part * DC) * 2;
-#pragma unroll
-      for (int dn = 0; dn < DC / 16; ++dn) {
-        uint32_t bk[4];
-        ldsm_x4_t(bk, addr + dn * 32);
-        mma_m16n8k8(dq[2 * dn], a0, a1, bk[0]);
-        mma_m16n8k8(dq[2 * dn], a2, a3, bk[1]);
-        mma_m16n8k8(dq[2 * dn + 1], a0, a1, bk[2]);
-        mma_m16n8k8(dq[2 * dn + 1], a2, a3, bk[3]);
+        ldmatrix_x4(bk, bK + (nn * 16 * ST + kk * 16) * 2);
+        ldmatrix_x4(bv, bV + (nn * 16 * ST + kk * 16) * 2);
+        mma_k16(s[2 * nn], s[2 * nn + 1], aq, bk);
+        mma_k16(dp[2 * nn], dp[2 * nn + 1], ad, bv);
       }
     }
   }
 
-  const float scale = p.scale;
+  struct Pos {
+    int r0, tig;
+    float l2[2], dsum[2];
+  };
+  __device__ __forceinline__ Pos pos() const { return {r0, tig, {l2[0], l2[1]}, {dsum[0], dsum[1]}}; }
+
+  template <class Flags>
+  __device__ __forceinline__ static void ds(const Pos& pos, Scores& t, const Flags& flags,
+                                            const BwdParams& p, const detail::SoftmaxScale& sc,
+                                            int n0, int sk, int off, int left, int right) {
+    using namespace detail;
+    auto& s = t.s;
+    auto& dp = t.dp;
+    const int r0 = pos.r0, tig = pos.tig;
+    const float(&l2)[2] = pos.l2;
+    const float(&dsum)[2] = pos.dsum;
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int r = r0 + hr * 8;
-    if (r >= sq) continue;
-    __half* const dqr = static_cast<__half*>(p.dq) +
-                        q_like(rows, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride) +
-                        (int64_t)r * p.dq_row_stride;
+    for (int i = 0; i < NT; ++i)
 #pragma unroll
-    for (int i = 0; i < DT; ++i) {
-      const int col = part * DC + i * 8 + tig * 2;
-      if (col < head_dim)
-        *reinterpret_cast<uint32_t*>(dqr + col) =
-            pack_half2(dq[i][2 * hr] * scale, dq[i][2 * hr + 1] * scale);
+      for (int e = 0; e < 4; ++e) {
+        const int hr = e >> 1;
+        float deriv;
+        const float pr = score_prob(flags, s[i][e], sc, p.softcap, l2[hr], [&] {
+          return key_visible(n0 + i * 8 + tig * 2 + (e & 1), r0 + hr * 8, sk, off, left, right);
+        }, deriv);
+        dp[i][e] = pr * (dp[i][e] - dsum[hr]) * deriv;
+      }
+  }
+
+  // ---- dQ += dS K: dS packed to fp16 is the A fragment (as P in the forward)
+  __device__ __forceinline__ void accumulate(const Scores& t, const __half* sK, int part) {
+    using namespace detail;
+    auto& dp = t.dp;
+    const uint32_t tK = smem_addr(sK + bt_frag);
+#pragma unroll
+    for (int kt = 0; kt < BN / 16; ++kt) {
+      uint32_t a[4];
+      pack_a(a, dp, kt);
+      mma_trans(dq, a, tK + (kt * 16 * ST + part * DC) * 2);
     }
   }
+
+  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdRows& rows, int h,
+                                        int, int sq, int part) {
+    using namespace detail;
+    const float scale = p.scale;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = r0 + hr * 8;
+      if (r >= sq) continue;
+      __half* const dqr = static_cast<__half*>(p.dq) +
+                          q_like(rows, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride) +
+                          (int64_t)r * p.dq_row_stride;
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        const int col = part * DC + i * 8 + tig * 2;
+        if (col < p.head_dim)
+          *reinterpret_cast<uint32_t*>(dqr + col) =
+              pack_half2(dq[i][2 * hr] * scale, dq[i][2 * hr + 1] * scale);
+      }
+    }
+  }
+};
+
+template <class C, int MODE>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const BwdParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  detail::bwd_main_body<BwdMainOps<C, MODE>>(p, smem_raw);
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  detail::bwd_dq_body<BwdDqOps<C>>(p, smem_raw);
 }
 
 // The main backward of one head dim: dK/dV (+ dQ atomics), or with C::kSplit dV and
