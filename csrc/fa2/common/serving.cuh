@@ -287,10 +287,7 @@ __device__ __forceinline__ void load_code_tile(KvStage<LOADS, KV>& st, const uns
         if (p.kv_align == 16 && c * 16 + 16 <= p.head_dim) {
           v = __ldg(reinterpret_cast<const uint4*>(a));
         } else if (p.kv_align >= 8) {
-          const uint2 lo = __ldg(reinterpret_cast<const uint2*>(a));
-          const uint2 hi = c * 16 + 8 < p.head_dim ? __ldg(reinterpret_cast<const uint2*>(a + 8))
-                                                   : make_uint2(0, 0);
-          v = make_uint4(lo.x, lo.y, hi.x, hi.y);
+          v = load_code_pairs(a, c, p.head_dim);
         } else {
           const uint32_t* w = reinterpret_cast<const uint32_t*>(a);
           v.x = __ldg(w);
