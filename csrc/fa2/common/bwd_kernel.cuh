@@ -181,6 +181,25 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   ops.store(p, rows, h, m0, sq, part);
 }
 
+// The launches of one head dim, for either arch: K (the arch's BwdKernels) names its
+// kernels. Main: dK/dV (+ dQ atomics), or with C::kSplit dV and then dK (+ dQ) in two
+// passes, the dV pass with CDv (C with its own block_n: targets.json dv_block_n).
+template <class K, class C, class CDv>
+int run_bwd_main(const BwdParams& p, cudaStream_t stream) {
+  if constexpr (C::kSplit) {
+    static_assert(same_but_block_n<C, CDv>(), "the dV pass's config differs only in block_n");
+    if (const int e = launch_bwd<CDv, kBwdDv>(K::template main_kernel<CDv, kBwdDv>(), p, stream)) return e;
+    return launch_bwd<C, kBwdDkDq>(K::template main_kernel<C, kBwdDkDq>(), p, stream);
+  } else {
+    return launch_bwd<C, kBwdAll>(K::template main_kernel<C, kBwdAll>(), p, stream);
+  }
+}
+
+template <class K, class C>
+int run_bwd_dq(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd_dq<C>(K::template dq_kernel<C>(), p, stream);
+}
+
 }  // namespace detail
 }  // namespace fa2
 }  // namespace sm7x

@@ -556,23 +556,22 @@ __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p
   detail::bwd_dq_body<BwdDqOps<C>>(p, smem_raw);
 }
 
-// The main backward of one head dim: dK/dV (+ dQ atomics), or with C::kSplit dV and
-// then dK (+ dQ) in two passes, the dV pass with CDv (C with its own block_n: targets.json
-// dv_block_n).
+// The kernels of each pass, for common/bwd_kernel.cuh's launchers.
+struct BwdKernels {
+  template <class C, int MODE>
+  static auto main_kernel() { return bwd_kernel<C, MODE>; }
+  template <class C>
+  static auto dq_kernel() { return bwd_dq_kernel<C>; }
+};
+
 template <class C, class CDv = C>
 int run_bwd_main(const BwdParams& p, cudaStream_t stream) {
-  if constexpr (C::kSplit) {
-    static_assert(detail::same_but_block_n<C, CDv>(), "the dV pass's config differs only in block_n");
-    if (const int e = detail::launch_bwd<CDv, detail::kBwdDv>(bwd_kernel<CDv, detail::kBwdDv>, p, stream)) return e;
-    return detail::launch_bwd<C, detail::kBwdDkDq>(bwd_kernel<C, detail::kBwdDkDq>, p, stream);
-  } else {
-    return detail::launch_bwd<C, detail::kBwdAll>(bwd_kernel<C, detail::kBwdAll>, p, stream);
-  }
+  return detail::run_bwd_main<BwdKernels, C, CDv>(p, stream);
 }
 
 template <class C>
 int run_bwd_dq(const BwdParams& p, cudaStream_t stream) {
-  return detail::launch_bwd_dq<C>(bwd_dq_kernel<C>, p, stream);
+  return detail::run_bwd_dq<BwdKernels, C>(p, stream);
 }
 
 }  // namespace sm75
