@@ -56,16 +56,19 @@ int serving_from(const FwdParams& p, bool wide, cudaStream_t stream) {
 }
 
 template <std::size_t I = 0>
-int occupancy_from(int head_dim, bool wide) {
+ServingTile tile_from(int head_dim, bool wide) {
   if constexpr (I == kNumHeadDims) {
-    return 0;
+    return {0, 0, 0};
   } else {
     if (head_dim <= kCompiledHeadDims[I])
-      return wide ? occupancy_serving_wide<kCompiledHeadDims[I]>()
-                  : occupancy_serving<kCompiledHeadDims[I]>();
-    return occupancy_from<I + 1>(head_dim, wide);
+      return wide ? tile_serving_wide<kCompiledHeadDims[I]>()
+                  : tile_serving<kCompiledHeadDims[I]>();
+    return tile_from<I + 1>(head_dim, wide);
   }
 }
+
+// The one rule for the serving kernel: many query rows per kv head run the prefill tiles.
+bool serving_wide(int rows) { return rows > kServingWideRows; }
 
 template <std::size_t I = 0>
 int bwd_from(const BwdParams& p, cudaStream_t stream) {
@@ -104,12 +107,12 @@ int bwd(const BwdParams& p, cudaStream_t stream) {
   return bwd_all(p, stream);
 }
 
-int serving_ctas_per_sm(int head_dim, bool wide) { return occupancy_from(head_dim, wide); }
+ServingTile serving_tile(int head_dim, int rows) { return tile_from(head_dim, serving_wide(rows)); }
 
 int fwd(const FwdParams& p, cudaStream_t stream) { return fwd_from(p, stream); }
 
 int serving(const FwdParams& p, cudaStream_t stream) {
-  if (const int e = serving_from(p, p.seqlen_q * p.group > kServingWideRows, stream)) return e;
+  if (const int e = serving_from(p, serving_wide(p.seqlen_q * p.group), stream)) return e;
   return p.o_accum != nullptr ? run_combine(p, stream) : 0;
 }
 

@@ -146,21 +146,20 @@ int run_serving_int8(const FwdParams& p, cudaStream_t stream);
 template <int kHeadDim>
 int run_serving_wide_int8(const FwdParams& p, cudaStream_t stream);
 int serving(const FwdParams& p, cudaStream_t stream);
-// Resident CTAs per SM of each instantiation on the current device (0 on error): the
-// split planner's CTA slots are SMs x this.
+// The tile of each fp16 serving instantiation and its resident CTAs per SM on the current
+// device (0 on error). The split planner reads serving_tile, so the rule that picks the
+// kernel (serving_wide_rows) lives in the library only; the 8-bit kernels run the same
+// tiles.
+struct ServingTile {
+  int block_m, block_n, ctas_per_sm;
+};
 template <int kHeadDim>
-int occupancy_serving();
+ServingTile tile_serving();
 template <int kHeadDim>
-int occupancy_serving_wide();
-template <int kHeadDim>
-int occupancy_serving_kv8();
-template <int kHeadDim>
-int occupancy_serving_wide_kv8();
-template <int kHeadDim>
-int occupancy_serving_int8();
-template <int kHeadDim>
-int occupancy_serving_wide_int8();
-int serving_ctas_per_sm(int head_dim, bool wide);
+ServingTile tile_serving_wide();
+// The tile serving() runs for `rows` query rows per sequence and kv head (max_seqlen_q x
+// GQA group) at head_dim; block_m 0 for a head dim no kernel covers.
+ServingTile serving_tile(int head_dim, int rows);
 // Merges the split partials of the sequences with several partitions (serving.cu).
 int run_combine(const FwdParams& p, cudaStream_t stream);
 

@@ -15,6 +15,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -778,12 +779,19 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
 }
 
-int64_t serving_ctas_per_sm_op(int64_t device, int64_t head_dim, bool wide) {
-  const char* op = "serving_ctas_per_sm";
+// The serving kernel serving() runs for `rows` query rows per sequence and kv head at
+// head_dim on `device`: (block_m, block_n, resident CTAs per SM), which the split planner
+// reads instead of deriving the choice again.
+std::tuple<int64_t, int64_t, int64_t> serving_tile_op(int64_t device, int64_t head_dim,
+                                                      int64_t rows) {
+  const char* op = "serving_tile";
   FA2_CHECK(head_dim > 0 && head_dim <= kMaxHeadDim, op, "head_dim must be in [1, ",
             kMaxHeadDim, "], got ", head_dim);
+  FA2_CHECK(rows >= 0, op, "rows must be >= 0, got ", rows);
   torch::stable::accelerator::DeviceGuard guard(static_cast<int32_t>(device));
-  return sm7x::fa2::serving_ctas_per_sm(static_cast<int>(head_dim), wide);
+  const ServingTile t = sm7x::fa2::serving_tile(static_cast<int>(head_dim),
+                                                static_cast<int>(std::min<int64_t>(rows, std::numeric_limits<int>::max())));
+  return {t.block_m, t.block_n, t.ctas_per_sm};
 }
 
 // The benchmark's tensor-core ceiling (peak.cu): out is a float32 CUDA tensor of
@@ -848,7 +856,7 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
       "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
       "bool deterministic) -> ()");
   m.def("bwd_supported(int head_dim) -> bool");
-  m.def("serving_ctas_per_sm(int device, int head_dim, bool wide) -> int");
+  m.def("serving_tile(int device, int head_dim, int rows) -> (int, int, int)");
   m.def("mma_peak(Tensor(a!) out, int iters) -> int");
   m.def("set_occupancy_emulation(int smem_per_sm, int threads_per_sm) -> ()");
 }
@@ -867,7 +875,7 @@ SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CUDA, m) { SM7X_FA2_IMPLS(m); }
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CPU, m) { SM7X_FA2_IMPLS(m); }
 // No tensor argument to dispatch on: one kernel for every backend.
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CompositeExplicitAutograd, m) {
-  m.impl("serving_ctas_per_sm", TORCH_BOX(&sm7x::fa2::serving_ctas_per_sm_op));
+  m.impl("serving_tile", TORCH_BOX(&sm7x::fa2::serving_tile_op));
   m.impl("bwd_supported", TORCH_BOX(&sm7x::fa2::bwd_supported_op));
   m.impl("set_occupancy_emulation", TORCH_BOX(&sm7x::fa2::set_occupancy_emulation_op));
 }

@@ -89,12 +89,6 @@ def fa2_head_dim_multiple() -> int:
     return int(load()["fa2"]["head_dim_multiple"])
 
 
-def fa2_serving_wide_rows() -> int:
-    """Serving calls with more query rows per sequence and kv head than this run the
-    serving kernel with the prefill tiles (fa2.kernels), others fa2.serving_kernels."""
-    return int(load()["fa2"]["serving_wide_rows"])
-
-
 def fa2_kernel(arch: str, head_dim: int, *, serving: bool = False) -> dict:
     """The kernel config (targets.json fa2.kernels entry, or fa2.serving_kernels with
     ``serving``) that runs ``head_dim`` on ``arch``: the smallest compiled head dim >= it.
@@ -106,13 +100,3 @@ def fa2_kernel(arch: str, head_dim: int, *, serving: bool = False) -> dict:
     raise KeyError(f"no {arch} FA2 kernel runs head_dim {head_dim}")
 
 
-def fa2_serving_kernel(arch: str, head_dim: int, rows: int) -> dict:
-    """The config of the serving kernel that runs a call with ``rows`` query rows per
-    sequence and kv head (max_seqlen_q x GQA group): the prefill tiles (fa2.kernels) above
-    fa2.serving_wide_rows where they have more rows than the narrow serving tiles, else
-    fa2.serving_kernels (csrc/fa2/CMakeLists.txt and dispatch.cu apply the same rule)."""
-    narrow = fa2_kernel(arch, head_dim, serving=True)
-    wide = fa2_kernel(arch, head_dim)
-    if rows > fa2_serving_wide_rows() and wide["block_m"] > narrow["block_m"]:
-        return wide
-    return narrow

@@ -79,6 +79,22 @@ def selected_arch() -> tuple[str | None, str]:
     return None, f"{sel.library} is not installed (set SM7X_LIBRARY_PATH to a build)"
 
 
+def capture(fn):
+    """(a CUDA graph of fn(), what the captured fn() returned): fn runs once on a side stream
+    first (the warm-up: loads the libraries, sets the shared-memory opt-in, plans), then
+    is captured on that stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = fn()
+    return graph, out
+
+
 def _compare(tag, out, lse, ref_out, ref_lse, atol=4e-3):
     assert torch.isfinite(out).all(), f"{tag}: non-finite output"
     err = (out.float() - ref_out).abs().max().item() if out.numel() else 0.0
@@ -207,14 +223,7 @@ def check_cuda_graph(tag, d, causal=True):
 
     b, sq, sk, h, hk = 2, 200, 333, 4, 2
     q, k, v = _qkv(b, sq, sk, h, hk, d, seed=20)  # the graph's static inputs
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: loads the library, sets the smem opt-in
-        flash_attn_func(q, k, v, causal=causal)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        out = flash_attn_func(q, k, v, causal=causal)
+    graph, out = capture(lambda: flash_attn_func(q, k, v, causal=causal))
     for seed in (21, 22):
         nq, nk, nv = _qkv(b, sq, sk, h, hk, d, seed=seed)
         q.copy_(nq)
@@ -365,28 +374,63 @@ def apply_rotary(x, cos, sin, positions, interleaved):
     return torch.cat((rot, x[..., rd:]), dim=-1)
 
 
+def _wide_rows() -> int:
+    from sm7x import _targets
+
+    return int(_targets.load()["fa2"]["serving_wide_rows"])
+
+
+def check_serving_tile(arch):
+    """serving_tile, the planner's view of the serving kernel, is the table's: up to
+    fa2.serving_wide_rows packed rows per kv head the narrow serving tile, above it the
+    prefill tile where that has more rows (else the narrow kernel runs), resident CTAs > 0;
+    head dims between compiled ones run the next one up; out-of-range arguments are refused."""
+    from sm7x import _targets
+
+    ops = _library_ops()
+    dev, wide = torch.cuda.current_device(), _wide_rows()
+    for d in range(16, _targets.fa2_max_head_dim() + 1, _targets.fa2_head_dim_multiple()):
+        narrow, prefill = _targets.fa2_kernel(arch, d, serving=True), _targets.fa2_kernel(arch, d)
+        big = prefill if prefill["block_m"] > narrow["block_m"] else narrow
+        for rows, want in ((0, narrow), (1, narrow), (wide, narrow), (wide + 1, big), (1 << 40, big)):
+            bm, bn, ctas = ops.serving_tile(dev, d, rows)
+            assert (bm, bn) == (want["block_m"], want["block_n"]), (d, rows, bm, bn, want)
+            assert ctas >= 1, (d, rows, ctas)
+    for bad, match in (((dev, 0, 1), "head_dim must be in"),
+                       ((dev, _targets.fa2_max_head_dim() + 1, 1), "head_dim must be in"),
+                       ((dev, 64, -1), "rows must be >= 0")):
+        with pytest.raises(RuntimeError, match=match):
+            ops.serving_tile(*bad)
+
+
 def check_occupancy_emulation(arch):
     """set_occupancy_emulation (the benchmark's --occupancy-of) caps the CTAs per SM of every
     kernel at what a card with that much shared memory and those threads holds, and 0, 0
-    lifts the cap: seen through serving_ctas_per_sm, the occupancy query of the launches'
-    own shared-memory size, for the wide serving kernels (the prefill tiles)."""
+    lifts the cap: seen through serving_tile, whose CTAs per SM are the occupancy query of
+    the launches' own shared-memory size, for the wide serving kernels (the prefill tiles)."""
     from sm7x import _targets
     from sm7x.bench.fa2 import OCCUPANCY_CARDS
 
     ops = _library_ops()
     assert ops.name == f"sm7x_fa2_{arch}"
     smem_cap, threads_cap = OCCUPANCY_CARDS["t4" if arch == "sm75" else "v100"]
-    dev = torch.cuda.current_device()
-    free = {d: ops.serving_ctas_per_sm(dev, d, True) for d in _targets.fa2_head_dims(arch)}
+    dev, rows = torch.cuda.current_device(), _wide_rows() + 1
+
+    def ctas(d):
+        return ops.serving_tile(dev, d, rows)[2]
+
+    free = {d: ctas(d) for d in _targets.fa2_head_dims(arch)}
     try:
         ops.set_occupancy_emulation(smem_cap, threads_cap)
         for d, n_free in free.items():
             k = _targets.fa2_kernel(arch, d)
+            if k["block_m"] <= _targets.fa2_kernel(arch, d, serving=True)["block_m"]:
+                k = _targets.fa2_kernel(arch, d, serving=True)  # no wide kernel: the narrow runs
             threads = k["block_m"] // 16 * 32  # the wide serving kernel runs 16 rows per warp
             want = max(1, min(smem_cap // k["smem_bytes"], threads_cap // threads, n_free))
-            assert ops.serving_ctas_per_sm(dev, d, True) == want, (d, k, n_free)
+            assert ctas(d) == want, (d, k, n_free)
     finally:
         ops.set_occupancy_emulation(0, 0)
-    assert {d: ops.serving_ctas_per_sm(dev, d, True) for d in free} == free
+    assert {d: ctas(d) for d in free} == free
     with pytest.raises(RuntimeError, match="smem_per_sm must be"):
         ops.set_occupancy_emulation(-1, 0)

@@ -38,15 +38,12 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
-if not torch.cuda.is_available():
-    pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+from fa2_arch import fa2_arch_or_skip
 
-from fa2_reference import selected_arch  # noqa: E402
+ARCH = fa2_arch_or_skip()
 
-ARCH, _why = selected_arch()
-if ARCH is None:
-    pytest.skip(_why, allow_module_level=True)
+import torch  # noqa: E402
+
 TAG = f"{ARCH} bwd "
 
 import sm7x.fa2 as fa2  # noqa: E402
@@ -329,16 +326,23 @@ def _block(d=64, h=8, hk=2, seed=60):
     return proj, f
 
 
+def _eager_grads(proj, f, x, dout):
+    """(x's gradient, the weight's) of an eager f(x).backward(dout); the weight's .grad is
+    cleared again for the variant under test."""
+    xe = leaf(x)
+    f(xe).backward(dout)
+    want = (xe.grad, proj.weight.grad.clone())
+    proj.weight.grad = None
+    return want
+
+
 def test_torch_compile_forward_and_backward():
     torch._dynamo.reset()
     proj, f = _block()
     g = gen(61)
     x = randn(2, 300, 512, g=g)
     dout = randn(2, 300, 512, g=g)
-    xe = leaf(x)
-    f(xe).backward(dout)
-    want = (xe.grad, proj.weight.grad.clone())
-    proj.weight.grad = None
+    want = _eager_grads(proj, f, x, dout)
     xc = leaf(x)
     compiled = torch.compile(f, fullgraph=True)
     out = compiled(xc)
@@ -356,10 +360,7 @@ def test_gradient_checkpointing(reentrant):
     g = gen(63)
     x = randn(2, 257, 512, g=g)
     dout = randn(2, 257, 512, g=g)
-    xe = leaf(x)
-    f(xe).backward(dout)
-    want = (xe.grad, proj.weight.grad.clone())
-    proj.weight.grad = None
+    want = _eager_grads(proj, f, x, dout)
     xc = leaf(x)
     checkpoint(f, xc, use_reentrant=reentrant).backward(dout)
     # deterministic kernels, the same inputs: the recomputed forward changes nothing

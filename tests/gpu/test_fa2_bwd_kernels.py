@@ -15,15 +15,13 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
-if not torch.cuda.is_available():
-    pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+from fa2_arch import fa2_arch_or_skip
 
-from fa2_reference import selected_arch, visible_keys  # noqa: E402
+ARCH = fa2_arch_or_skip()
 
-ARCH, _WHY = selected_arch()
-if ARCH is None:
-    pytest.skip(_WHY, allow_module_level=True)
+import torch  # noqa: E402
+
+from fa2_reference import visible_keys  # noqa: E402
 
 from sm7x import _select  # noqa: E402
 

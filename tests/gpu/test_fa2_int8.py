@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
-if not torch.cuda.is_available():
-    pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+from fa2_arch import fa2_arch_or_skip
 
-from fa2_reference import selected_arch  # noqa: E402
+ARCH = fa2_arch_or_skip()
 
-ARCH, _why = selected_arch()
-if ARCH is None:
-    pytest.skip(_why, allow_module_level=True)
+import torch  # noqa: E402
+
 TAG = f"{ARCH} int8 "
 
 import sm7x.ops  # noqa: E402
@@ -38,7 +35,7 @@ from sm7x.fa2._serving import encode_int8_rows  # noqa: E402
 from cache_cases import (  # noqa: E402
     DECODE_CASES, MIXES, SHAPES, WINDOW_SOFTCAP, mix_lengths, varlen_reference)
 from fa2_reference import (  # noqa: E402
-    _compare, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache,
+    _compare, capture, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache,
     reference_seqs)
 
 pytestmark = pytest.mark.gpu
@@ -277,11 +274,7 @@ def test_cuda_graph_with_plan_reads_new_codes_and_scales():
         out.copy_(flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens_t, block_table=bt,
                                           causal=True, k_scale_cache=ks, v_scale_cache=vs,
                                           scheduler_metadata=plan))
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph, _ = capture(call)
     nkc, nvc, nks, nvs, nkq, nvq = int8_cache(torch.randn_like(k16) * 4, v16 * 2, "compact")
     for dst, src in ((kc, nkc), (vc, nvc), (ks, nks), (vs, nvs)):
         dst.copy_(src)

@@ -26,15 +26,12 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
-if not torch.cuda.is_available():
-    pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+from fa2_arch import fa2_arch_or_skip
 
-from fa2_reference import selected_arch  # noqa: E402
+ARCH = fa2_arch_or_skip()
 
-ARCH, _why = selected_arch()
-if ARCH is None:
-    pytest.skip(_why, allow_module_level=True)
+import torch  # noqa: E402
+
 TAG = f"{ARCH} "
 
 import sm7x.fa2 as fa2  # noqa: E402
@@ -42,7 +39,7 @@ from sm7x.fa2 import flash_attn_varlen_func, flash_attn_with_kvcache, plan_decod
 from cache_cases import (  # noqa: E402
     DECODE_CASES, MIXES, SHAPES, WINDOW_SOFTCAP, mix_lengths, varlen_reference)
 from fa2_reference import (  # noqa: E402
-    _compare, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache,
+    _compare, capture, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache,
     reference_seqs, report_worst)
 
 pytestmark = pytest.mark.gpu
@@ -399,11 +396,7 @@ def test_cuda_graph_with_plan_reads_new_cache_and_descales(fmt):
         out.copy_(flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens_t, block_table=bt,
                                           causal=True, k_descale=kd, v_descale=vd,
                                           scheduler_metadata=plan))
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph, _ = capture(call)
     new16 = torch.randn_like(k16.float()).to(F16) * 4
     nkc, nkd, nkq = quantize(new16, fmt)
     nvc, nvd, nvq = quantize(v16 * 2, fmt)

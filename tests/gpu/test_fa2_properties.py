@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
-hypothesis = pytest.importorskip("hypothesis")
-if not torch.cuda.is_available():
-    pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+from fa2_arch import fa2_arch_or_skip
 
+ARCH = fa2_arch_or_skip()
+hypothesis = pytest.importorskip("hypothesis")
+
+import torch  # noqa: E402
 from hypothesis import HealthCheck, assume, given, settings, strategies as st  # noqa: E402
 
-from fa2_reference import _compare, reference, selected_arch  # noqa: E402
-
-ARCH, _why = selected_arch()
-if ARCH is None:
-    pytest.skip(_why, allow_module_level=True)
+from fa2_reference import _compare, reference  # noqa: E402
 
 import sm7x.fa2  # noqa: E402
 from sm7x.fa2 import flash_attn_func, flash_attn_varlen_func  # noqa: E402

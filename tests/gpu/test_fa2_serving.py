@@ -22,22 +22,19 @@ import re
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
-if not torch.cuda.is_available():
-    pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+from fa2_arch import fa2_arch_or_skip
 
-from fa2_reference import selected_arch  # noqa: E402
+ARCH = fa2_arch_or_skip()
 
-ARCH, _why = selected_arch()
-if ARCH is None:
-    pytest.skip(_why, allow_module_level=True)
+import torch  # noqa: E402
+
 TAG = f"{ARCH} "  # names the arch in the worst-error record
 
 import sm7x.fa2 as fa2  # noqa: E402
 from sm7x.fa2 import (  # noqa: E402
     flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode)
 from fa2_reference import (  # noqa: E402
-    _compare, _record, apply_rotary, ceil_div, contiguous_from_paged, cu_seqlens, gather_paged,
+    _compare, _record, capture, apply_rotary, ceil_div, contiguous_from_paged, cu_seqlens, gather_paged,
     gen, i32, packed_to_batched, paged_cache, paged_rows, random_lens, reference,
     reference_seqs, report_worst, rotary_tables)
 
@@ -364,6 +361,18 @@ def _cache_keys(cache, rows, b, start, end, bt):
     return gather_paged(cache, bt, b, end)[start:]
 
 
+def _append_inputs(layout, b, h, hk, d, cap, page, new, seed):
+    """A paged or contiguous cache of cap keys per sequence (bt None when contiguous), q and
+    the new k, v of an append."""
+    g = gen(seed)
+    if layout == "paged":
+        k_cache, v_cache, bt = paged_cache([cap] * b, page, hk, d, seed=seed + 1)
+    else:
+        k_cache, v_cache, bt = randn(b, cap, hk, d, g=g), randn(b, cap, hk, d, g=g), None
+    q, k, v = randn(b, new, h, d, g=g), randn(b, new, hk, d, g=g), randn(b, new, hk, d, g=g)
+    return k_cache, v_cache, bt, q, k, v
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("rotary_fraction", [1.0, 0.5])
 @pytest.mark.parametrize("interleaved", [True, False])
@@ -372,12 +381,7 @@ def _cache_keys(cache, rows, b, start, end, bt):
 def test_kvcache_append_with_rotary(layout, new, interleaved, rotary_fraction, causal):
     b, h, hk, d, cap, page = 3, 8, 2, 128, 512, 16
     starts = [0, 200, cap - new]  # an empty cache, a middle, one filled to capacity
-    g = gen(91)
-    if layout == "paged":
-        k_cache, v_cache, bt = paged_cache([cap] * b, page, hk, d, seed=92)
-    else:
-        k_cache, v_cache, bt = randn(b, cap, hk, d, g=g), randn(b, cap, hk, d, g=g), None
-    q, k, v = randn(b, new, h, d, g=g), randn(b, new, hk, d, g=g), randn(b, new, hk, d, g=g)
+    k_cache, v_cache, bt, q, k, v = _append_inputs(layout, b, h, hk, d, cap, page, new, 91)
     rd = int(d * rotary_fraction)
     cos, sin = rotary_tables(cap, rd, seed=93)
     rows = list(range(b))
@@ -404,12 +408,7 @@ def test_kvcache_append_without_rotary_and_splits(layout):
     """Append then attend over long caches with split-KV (auto and 7 splits)."""
     b, h, hk, d, cap, page, new = 2, 16, 4, 64, 8192, 64, 3
     starts = [8000, 1234]
-    g = gen(101)
-    if layout == "paged":
-        k_cache, v_cache, bt = paged_cache([cap] * b, page, hk, d, seed=102)
-    else:
-        k_cache, v_cache, bt = randn(b, cap, hk, d, g=g), randn(b, cap, hk, d, g=g), None
-    q, k, v = randn(b, new, h, d, g=g), randn(b, new, hk, d, g=g), randn(b, new, hk, d, g=g)
+    k_cache, v_cache, bt, q, k, v = _append_inputs(layout, b, h, hk, d, cap, page, new, 101)
     rows = list(range(b))
     for num_splits in (0, 7):
         kc, vc = k_cache.clone(), v_cache.clone()
@@ -614,15 +613,7 @@ def test_cuda_graph_decode_with_plan(api):
     s = _GraphDecode(api)
     s.fill(0, [4096, 100, 3000, 1])
     plan = plan_decode(s.b, 1, s.max_k, s.h, s.hk, s.d, device=s.q.device)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: loads the library, sets the smem opt-in
-        s.call(plan, out=s.out)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        graph_out = s.call(plan, out=s.out if api == "varlen" else None)
+    graph, graph_out = capture(lambda: s.call(plan, out=s.out if api == "varlen" else None))
     for seed, lens in ((1, [17, 0, 2999, 1]), (2, [4096, 4095, 1, 333])):
         s.fill(seed, lens)
         graph.replay()

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.gpu
 
 
 from fa2_reference import (  # noqa: E402
-    SEQS, _qkv, check_cuda_graph, check_mma_peak, check_occupancy_emulation, check_fwd, check_packed_qkv, check_softcap, check_varlen,
+    SEQS, _qkv, check_cuda_graph, check_mma_peak, check_occupancy_emulation, check_serving_tile, check_fwd, check_packed_qkv, check_softcap, check_varlen,
     check_window, report_worst)
 
 
@@ -107,3 +107,7 @@ def test_mma_peak_ceiling_loop():
 
 def test_occupancy_emulation_caps_ctas_per_sm():
     check_occupancy_emulation("sm70")
+
+
+def test_serving_tile_is_the_tables():
+    check_serving_tile("sm70")

@@ -28,7 +28,7 @@ if torch.cuda.get_device_capability() >= (8, 0) and os.environ.get(_select.FORCE
 from sm7x.fa2 import flash_attn_func  # noqa: E402
 from fa2_reference import (  # noqa: E402
     SEQS, _qkv, _record, check_cuda_graph, check_fwd, check_packed_qkv, check_softcap,
-    check_mma_peak, check_occupancy_emulation, check_varlen, check_window, reference, report_worst)
+    check_mma_peak, check_occupancy_emulation, check_serving_tile, check_varlen, check_window, reference, report_worst)
 
 pytestmark = pytest.mark.gpu
 
@@ -116,3 +116,7 @@ def test_mma_peak_ceiling_loop():
 
 def test_occupancy_emulation_caps_ctas_per_sm():
     check_occupancy_emulation("sm75")
+
+
+def test_serving_tile_is_the_tables():
+    check_serving_tile("sm75")

@@ -48,7 +48,7 @@ def _why_not() -> str | None:
 if (_why := _why_not()) is not None:
     pytest.skip(_why, allow_module_level=True)
 
-from fa2_reference import WORST, _record, report_worst  # noqa: E402
+from fa2_reference import WORST, _record, capture, report_worst  # noqa: E402
 
 from sm7x.integrations import flash_window  # noqa: E402
 from sm7x.integrations.vllm import _compute  # noqa: E402
@@ -256,15 +256,7 @@ def test_decode_batch_in_a_cuda_graph():
         _compute.attention(query, b.kv, output, md, head_size=d, scale=d ** -0.5)
 
     b.write_context()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up: loads the libraries
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        step()
+    graph, _ = capture(step)
     for seed, lens in ((1, [6, 701, 2, 2048, 65, 301]), (2, [2048, 1, 1000, 17, 16, 33])):
         nb = Batch([1] * reqs, lens, h, hk, d, max_blocks=max_blocks,
                    num_blocks=reqs * max_blocks + 2, seed=100 + seed, pad_tokens=2)

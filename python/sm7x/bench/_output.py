@@ -8,6 +8,20 @@ import sys
 from typing import Callable
 
 
+def argument_parser(name: str, description: str, plot: str = "a PNG bar chart",
+                    out: str = "the results as JSON"):
+    """The parser every benchmark starts from: ``python -m sm7x.bench <name>`` with --out
+    (``out`` here) and --plot (``plot`` here, drawn with matplotlib); the description is
+    printed as written."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=f"python -m sm7x.bench {name}", description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help=f"write {out} here")
+    p.add_argument("--plot", help=f"write {plot} here (needs matplotlib)")
+    return p
+
+
 def write(result: dict, out: str | None, plot_path: str | None, draw: Callable) -> None:
     """draw(result, plt) makes the figure on matplotlib's pyplot and returns it."""
     if out:

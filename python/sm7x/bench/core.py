@@ -318,12 +318,7 @@ def draw(result: dict, plt):
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m sm7x.bench core", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="write the results as JSON here")
-    p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib)")
+    p = _output.argument_parser("core", __doc__)
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
                    help="comma-separated token counts (default: %(default)s)")
     p.add_argument("--hidden", type=int, default=4096, help="hidden size (default: %(default)s)")

@@ -363,12 +363,7 @@ def _ints(flag: str, text: str | None, default) -> list[int]:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m sm7x.bench fa2", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="write the results as JSON here")
-    p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib)")
+    p = _output.argument_parser("fa2", __doc__)
     p.add_argument("--backward", action="store_true",
                    help="time forward + backward (training) instead of the forward")
     p.add_argument("--deterministic", action="store_true",

@@ -89,10 +89,8 @@ def _register_expanded_sdpa(transformers, torch) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sm7x.bench generate",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", help="write the results as JSON here")
-    p.add_argument("--plot", help="write a PNG of TTFT and decode rates here")
+    p = _output.argument_parser("generate", __doc__.split("\n\n")[0],
+                                plot="a PNG of TTFT and decode rates")
     p.add_argument("--prefixes", default="2k,8k,13k", help="TTFT prompt lengths")
     p.add_argument("--batches", default="1,8", help="batch sizes")
     p.add_argument("--decode-tokens", type=int, default=200)

@@ -84,10 +84,8 @@ def _case_label(c: dict) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sm7x.bench vllm",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", help="write the results as JSON here (rewritten after each backend)")
-    p.add_argument("--plot", help="write a PNG of the ratios here")
+    p = _output.argument_parser("vllm", __doc__.split("\n\n")[0], plot="a PNG of the ratios",
+                        out="the results as JSON (rewritten after each backend)")
     p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
                    help="sm7x and vLLM attention backend names (the first baseline after "
                         "sm7x is the main one)")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import _args, _targets
+from .. import _args
 from . import (_check_cuda, _check_heads, _check_max_seqlens, _check_options,
                _check_out_alias, _check_tensor, _kernel_layout, _ops_for, _rows_aligned)
 
@@ -128,32 +128,30 @@ def _workspace(partitions: int, batch: int, rows: int, kv_heads: int, hd: int, d
 
 def _make_plan(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits,
                workspace: bool) -> DecodePlan:
-    # The op's rule (kServingWideRows): many rows per kv head run the prefill tiles.
     rows = sq * (heads // kv_heads)
-    cfg = _targets.fa2_serving_kernel(arch, hd, rows)
+    block_m, block_n, ctas_per_sm = _serving_tile(arch, device, hd, rows)
     if num_splits == 0:  # as many as fill the device's CTA slots
-        slots = _cta_slots(arch, device, hd, rows > _targets.fa2_serving_wide_rows())
-        max_splits = _MAX_SPLITS
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        slots, max_splits = sms * max(1, ctas_per_sm), _MAX_SPLITS
     else:  # the caller's count: at most n splits
         slots, max_splits = 1 << 30, num_splits
-    splits, offsets, parts, waves = _split_plan(batch, sq, sk, heads, kv_heads, cfg["block_m"],
-                                                cfg["block_n"], slots, max_splits)
+    splits, offsets, parts, waves = _split_plan(batch, sq, sk, heads, kv_heads, block_m,
+                                                block_n, slots, max_splits)
     i32 = dict(dtype=torch.int32, device=device)
     partitions = torch.tensor(parts, **i32).reshape(-1, 3)
     o_accum, lse_accum = _workspace(partitions.shape[0] if workspace else batch, batch, rows,
                                     kv_heads, hd, device)
-    return DecodePlan(arch, device, batch, sq, sk, heads, kv_heads, hd, cfg["block_n"], splits,
+    return DecodePlan(arch, device, batch, sq, sk, heads, kv_heads, hd, block_n, splits,
                       partitions, torch.tensor(offsets, **i32), o_accum, lse_accum, waves,
                       _plan_key(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits))
 
 
-@functools.lru_cache(maxsize=64)
-def _cta_slots(arch: str, device: torch.device, head_dim: int, wide: bool) -> int:
-    """SMs x resident CTAs of the serving kernel of head_dim (the library's occupancy
-    query, cudaOccupancyMaxActiveBlocksPerMultiprocessor)."""
+@functools.lru_cache(maxsize=256)
+def _serving_tile(arch: str, device: torch.device, head_dim: int, rows: int) -> tuple:
+    """(block_m, block_n, resident CTAs per SM) of the serving kernel the library runs for
+    rows packed query rows per kv head: its serving_tile op, the one owner of that choice."""
     ops = getattr(torch.ops, f"sm7x_fa2_{arch}")
-    per_sm = int(ops.serving_ctas_per_sm(device.index, head_dim, wide))
-    return torch.cuda.get_device_properties(device).multi_processor_count * max(1, per_sm)
+    return tuple(int(x) for x in ops.serving_tile(device.index, head_dim, rows))
 
 
 _plans_lock = threading.Lock()
@@ -420,19 +418,28 @@ def _run(fn, ops, q, k_cache, v_cache, out, lse, *, cu_seqlens_q, seqused_k, cu_
     return plan
 
 
+def _check_q_and_cache(fn, q, layout: str, k_cache, v_cache, paged: bool, kv_cache_dtype,
+                       k_descale, v_descale) -> tuple[int, int, int, int]:
+    """q (of ``layout``: "<n>-D [...]") against the caches and their format: (num_heads,
+    num_kv_heads, head_dim, the cache's KvFormat)."""
+    _check_tensor("q", q, fn)
+    if q.dim() != int(layout[0]):
+        raise ValueError(f"sm7x.fa2.{fn}: q must be {layout}, got shape {tuple(q.shape)}")
+    heads, kv_heads, hd = _check_cache(fn, q, k_cache, v_cache, paged)
+    kv_format = _cache_format(fn, k_cache, kv_cache_dtype)
+    _check_descales(fn, kv_format, k_descale, v_descale)
+    return heads, kv_heads, hd, kv_format
+
+
 def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                  softmax_scale, causal, window_size, softcap, return_lse, block_table,
                  seqused_k, out, scheduler_metadata, k_descale=None, v_descale=None,
                  kv_cache_dtype=None):
     """flash_attn_varlen_func over a paged cache (vLLM's flash-attn fork's call)."""
     paged = block_table is not None
-    _check_tensor("q", q, fn)
-    if q.dim() != 3:
-        raise ValueError(f"sm7x.fa2.{fn}: q must be 3-D [total_q, num_heads, head_dim], got "
-                         f"shape {tuple(q.shape)}")
-    heads, kv_heads, hd = _check_cache(fn, q, k, v, paged)
-    kv_format = _cache_format(fn, k, kv_cache_dtype)
-    _check_descales(fn, kv_format, k_descale, v_descale)
+    heads, kv_heads, hd, kv_format = _check_q_and_cache(
+        fn, q, "3-D [total_q, num_heads, head_dim]", k, v, paged, kv_cache_dtype, k_descale,
+        v_descale)
     _check_index(fn, "cu_seqlens_q", cu_seqlens_q, q, (None,))
     batch = cu_seqlens_q.shape[0] - 1
     if batch < 0:
@@ -504,13 +511,9 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                  scheduler_metadata, k_descale=None, v_descale=None, kv_cache_dtype=None):
     """flash-attn 2.x's flash_attn_with_kvcache (see sm7x.fa2.flash_attn_with_kvcache)."""
     paged = block_table is not None
-    _check_tensor("q", q, fn)
-    if q.dim() != 4:
-        raise ValueError(f"sm7x.fa2.{fn}: q must be 4-D [batch, seqlen_q, num_heads, head_dim], "
-                         f"got shape {tuple(q.shape)}")
-    heads, kv_heads, hd = _check_cache(fn, q, k_cache, v_cache, paged)
-    kv_format = _cache_format(fn, k_cache, kv_cache_dtype)
-    _check_descales(fn, kv_format, k_descale, v_descale)
+    heads, kv_heads, hd, kv_format = _check_q_and_cache(
+        fn, q, "4-D [batch, seqlen_q, num_heads, head_dim]", k_cache, v_cache, paged,
+        kv_cache_dtype, k_descale, v_descale)
     batch, sq = q.shape[0], q.shape[1]
     if paged:
         _check_index(fn, "block_table", block_table, q, (batch, None))

@@ -78,14 +78,9 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str]):
-    import argparse
-
     from . import __doc__ as description  # the package's: what the benchmark measures
 
-    p = argparse.ArgumentParser(prog="python -m sm7x.bench decode", description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="write the results as JSON here")
-    p.add_argument("--plot", help="write a PNG here (needs matplotlib)")
+    p = _output.argument_parser("decode", description, plot="a PNG")
     p.add_argument("--batches", help=f"comma-separated batch sizes (default: "
                    f"{','.join(map(str, DEFAULT_BATCHES))}; "
                    f"--quick: {','.join(map(str, QUICK_BATCHES))})")

@@ -1,0 +1,21 @@
+"""The module-level gate of the FA2 GPU tests: which FA2 library the current device runs,
+or a skip of the calling module (no torch, no CUDA device, a GPU newer than Turing without
+SM7X_FA2_FORCE, or no library for it). Torch-free at import, so a machine without torch
+reaches the skip instead of an ImportError."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def fa2_arch_or_skip() -> str:
+    """The arch of the library the tests exercise ("sm75" / "sm70"); call at module top."""
+    torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
+    if not torch.cuda.is_available():
+        pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+    from fa2_reference import selected_arch
+
+    arch, why = selected_arch()
+    if arch is None:
+        pytest.skip(why, allow_module_level=True)
+    return arch
