@@ -88,13 +88,13 @@ namespace detail {
 
 // Element offsets of a (batch, head)'s first row: batched b * batch_stride, varlen the
 // sequence's first token * row_stride.
-struct BwdRows {
+struct BwdSequence {
   int sq, sk;
   int qb, kb;  // batch index (batched) or 0
   int qs, ks;  // first token (varlen) or 0
 };
-__device__ __forceinline__ BwdRows bwd_rows(const BwdParams& p, int b) {
-  BwdRows r;
+__device__ __forceinline__ BwdSequence bwd_sequence(const BwdParams& p, int b) {
+  BwdSequence r;
   if (p.cu_seqlens_q != nullptr) {
     r.qs = p.cu_seqlens_q[b];
     r.ks = p.cu_seqlens_k[b];
@@ -109,11 +109,11 @@ __device__ __forceinline__ BwdRows bwd_rows(const BwdParams& p, int b) {
   }
   return r;
 }
-__device__ __forceinline__ int64_t q_like(const BwdRows& r, int h, int64_t bs, int64_t rs,
+__device__ __forceinline__ int64_t q_like(const BwdSequence& r, int h, int64_t bs, int64_t rs,
                                           int64_t hs) {
   return (int64_t)r.qb * bs + (int64_t)r.qs * rs + (int64_t)h * hs;
 }
-__device__ __forceinline__ int64_t k_like(const BwdRows& r, int h, int64_t bs, int64_t rs,
+__device__ __forceinline__ int64_t k_like(const BwdSequence& r, int h, int64_t bs, int64_t rs,
                                           int64_t hs) {
   return (int64_t)r.kb * bs + (int64_t)r.ks * rs + (int64_t)h * hs;
 }
@@ -142,7 +142,7 @@ __device__ __forceinline__ void st_generic_ordered(void* p, const uint4& v) {
 // rows >= n and chunks past head_dim are zeros. Synchronous: the caller syncs. BATCH > 0:
 // at most BATCH 16-byte loads per thread in flight (see ld_global_ordered).
 template <int ROWS, int THREADS, int D, int ST, int BATCH>
-__device__ __forceinline__ void copy_rows(__half* s, const __half* g, int64_t row_stride,
+__device__ __forceinline__ void copy_tile(__half* s, const __half* g, int64_t row_stride,
                                           int r0, int n, int head_dim, int tid) {
   constexpr int CH = D / 8, TOTAL = ROWS * CH, IT = (TOTAL + THREADS - 1) / THREADS;
   constexpr int B = BATCH == 0 || BATCH > IT ? IT : BATCH;
@@ -294,13 +294,13 @@ struct QueryTile {
   // The step after the current one in the flat (query head of the group, query tile) loop:
   // the next tile of this head, or tile t_lo of the next head (no division by the tile
   // count: it cost ~30 instructions per step).
-  __device__ __forceinline__ void load_next(const BwdParams& p, const BwdRows& rows, int t_lo,
+  __device__ __forceinline__ void load_next(const BwdParams& p, const BwdSequence& rows, int t_lo,
                                             int t_hi, int tid) {
     const bool next_head = m0 + BM >= t_hi * BM;
     load(p, rows, next_head ? h + 1 : h, next_head ? t_lo * BM : m0 + BM, tid);
   }
 
-  __device__ __forceinline__ void load(const BwdParams& p, const BwdRows& rows, int h_, int m0_,
+  __device__ __forceinline__ void load(const BwdParams& p, const BwdSequence& rows, int h_, int m0_,
                                        int tid) {
     h = h_;
     m0 = m0_;
@@ -321,7 +321,7 @@ struct QueryTile {
     }
   }
 
-  __device__ __forceinline__ void store(const BwdParams& p, const BwdRows& rows, __half* sQ,
+  __device__ __forceinline__ void store(const BwdParams& p, const BwdSequence& rows, __half* sQ,
                                         __half* sdO, float* sL, float* sD, int tid) const {
     if constexpr (C::kPrefetch) {
       held.q.template store<ST>(sQ, tid);
@@ -331,10 +331,10 @@ struct QueryTile {
         if constexpr (DSUM) sD[tid] = held.dsum;
       }
     } else {
-      copy_rows<BM, T, D, ST, C::kCopyBatch>(sQ, static_cast<const __half*>(p.q) +
+      copy_tile<BM, T, D, ST, C::kCopyBatch>(sQ, static_cast<const __half*>(p.q) +
                                       q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
                               p.q_row_stride, m0, rows.sq, p.head_dim, tid);
-      copy_rows<BM, T, D, ST, C::kCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
+      copy_tile<BM, T, D, ST, C::kCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
                                        q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
                               p.do_row_stride, m0, rows.sq, p.head_dim, tid);
       if (tid < BM) {

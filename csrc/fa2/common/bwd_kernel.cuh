@@ -56,7 +56,7 @@ __device__ __forceinline__ void bwd_main_body(const BwdParams& p, unsigned char*
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   Ops ops(scratch, warp, lane);
   const int hk = blockIdx.y, b = blockIdx.z, n0 = blockIdx.x * BN;
-  const BwdRows rows = bwd_rows(p, b);
+  const BwdSequence rows = bwd_sequence(p, b);
   const int sq = rows.sq, sk = rows.sk;
   if (n0 >= sk) return;
   const int head_dim = p.head_dim;
@@ -66,11 +66,11 @@ __device__ __forceinline__ void bwd_main_body(const BwdParams& p, unsigned char*
   const SoftmaxScale sc = softmax_scale(p);
   const bool dq_atomic = kDk && !p.deterministic;
 
-  copy_rows<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
+  copy_tile<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
                                   k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
                           p.k_row_stride, n0, sk, head_dim, tid);
   if constexpr (C::v_rows(MODE) > 0)
-    copy_rows<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
+    copy_tile<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
                                     k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
                             p.v_row_stride, n0, sk, head_dim, tid);
 
@@ -136,7 +136,7 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   constexpr int NPART = D / C::kDqCols;
   const int part = blockIdx.x % NPART;
   const int m0 = (gridDim.x / NPART - 1 - blockIdx.x / NPART) * BM;
-  const BwdRows rows = bwd_rows(p, b);
+  const BwdSequence rows = bwd_sequence(p, b);
   const int sq = rows.sq, sk = rows.sk;
   if (m0 >= sq) return;
   const int head_dim = p.head_dim;
@@ -144,10 +144,10 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   const int left = p.window_left, right = p.window_right;
   const SoftmaxScale sc = softmax_scale(p);
 
-  copy_rows<BM, T, D, ST, C::kDqCopyBatch>(sQ, static_cast<const __half*>(p.q) +
+  copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sQ, static_cast<const __half*>(p.q) +
                                   q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
                           p.q_row_stride, m0, sq, head_dim, tid);
-  copy_rows<BM, T, D, ST, C::kDqCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
+  copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
                                    q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
                           p.do_row_stride, m0, sq, head_dim, tid);
   const __half* const kg = static_cast<const __half*>(p.k) +
@@ -166,8 +166,8 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   for (int t = t_lo; t < t_hi; ++t) {
     const int n0 = t * BN;
     __syncthreads();  // every warp is done with the previous K, V
-    copy_rows<BN, T, D, ST, C::kDqCopyBatch>(sK, kg, p.k_row_stride, n0, sk, head_dim, tid);
-    copy_rows<BN, T, D, ST, C::kDqCopyBatch>(sV, vg, p.v_row_stride, n0, sk, head_dim, tid);
+    copy_tile<BN, T, D, ST, C::kDqCopyBatch>(sK, kg, p.k_row_stride, n0, sk, head_dim, tid);
+    copy_tile<BN, T, D, ST, C::kDqCopyBatch>(sV, vg, p.v_row_stride, n0, sk, head_dim, tid);
     __syncthreads();
     typename Ops::Scores s;
     ops.scores(s, sQ, sdO, sK, sV);

@@ -1,6 +1,6 @@
 // What both architectures' kernel configs share: the tile shape and the K/V prefetch
 // schedules. Each arch's FwdConfig (sm75/fwd_kernel.cuh, sm70/fwd_kernel.cuh) derives from
-// TileShape and adds its own shared-memory layout; the values come from
+// FwdShape and adds its own shared-memory layout; the values come from
 // python/sm7x/targets.json through the generated instantiation files.
 #pragma once
 
@@ -32,7 +32,7 @@ enum class KvPrefetch { kNone, kBoth, kStaged, kDouble };
 // [rows][D + 8] in shared memory: the 16-byte row padding puts the 8 row addresses of a
 // matrix load in distinct banks.
 template <int D, int BR, int BC, int WR = 16, int KS = 1>
-struct TileShape {
+struct FwdShape {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = BR;
   static constexpr int kBlockN = BC;

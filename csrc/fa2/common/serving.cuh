@@ -100,7 +100,7 @@ __device__ __forceinline__ int64_t packed_row_offset(int r, int group, int64_t r
 // Keys come in two steps, so that the page-table read is off the critical path: the page
 // of each of a thread's tile rows is fetched one tile ahead (fetch_pages, an L2 hit in
 // flight during a whole iteration), and the rows of the next tile are then loaded
-// straight from the cache (load_cache_tile). C is a TileShape; LOADS its kTileLoads.
+// straight from the cache (load_cache_tile). C is a FwdShape; LOADS its kTileLoads.
 template <class C, int LOADS>
 __device__ __forceinline__ void fetch_pages(int (&pg)[LOADS], const FwdParams& p,
                                             const int32_t* pages, int n0, int n, int tid) {
@@ -231,7 +231,7 @@ __device__ __forceinline__ void load_cache_tile(uint4 (&r)[LOADS], const __half*
 
 // The tile as an 8-bit cache is loaded: 16 codes (16 bytes) per load, so a thread issues
 // half the loads of the fp16 tile for half the bytes (decode is bound by the loads in
-// flight, not only by bytes: 8 codes per load measured no faster than fp16). A TileShape
+// flight, not only by bytes: 8 codes per load measured no faster than fp16). A FwdShape
 // for tile_coord / in_tile whose "chunks" are pairs of the tile's 8-element chunks.
 template <class C>
 struct CodeTile {

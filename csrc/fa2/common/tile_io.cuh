@@ -1,6 +1,6 @@
 // Tile copies global -> registers -> shared memory with 128-bit accesses (no cp.async
 // before sm_80: the registers let a load stay in flight across the GEMMs of the previous
-// tile, see KvPrefetch). C is a TileShape (common/config.cuh).
+// tile, see KvPrefetch). C is a FwdShape (common/config.cuh).
 #pragma once
 
 #include <cuda_fp16.h>

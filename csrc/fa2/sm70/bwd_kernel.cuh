@@ -155,7 +155,7 @@ struct BwdMainOps {
     for (int i = 0; i < (kDv ? D / 16 : 1); ++i) wmma::fill_fragment(dv[i], 0.f);
   }
 
-  __device__ __forceinline__ void begin(const BwdParams&, const detail::BwdRows&, int, int n0,
+  __device__ __forceinline__ void begin(const BwdParams&, const detail::BwdSequence&, int, int n0,
                                         int, int, unsigned char*) {
     er = lane >> 1;
     ec0 = (lane & 1) * (BM / 2);
@@ -230,7 +230,7 @@ struct BwdMainOps {
   }
 
   // ---- dQ += dS K: 16 x 16 tiles of the BM x D block over the warps, fp32 atomics
-  __device__ __forceinline__ void dq_atomic(const BwdParams& p, const detail::BwdRows& rows,
+  __device__ __forceinline__ void dq_atomic(const BwdParams& p, const detail::BwdSequence& rows,
                                             int h, int m0, int sq, const __half* sK,
                                             const __half* sdS) {
     using namespace nvcuda;
@@ -271,7 +271,7 @@ struct BwdMainOps {
 
   // ---- dK (times the scale), dV through the warp's scratch; keys without a query that
   // sees them write zeros
-  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdRows& rows, int hk,
+  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdSequence& rows, int hk,
                                         int n0, int sk, int head_dim) {
     using namespace detail;
     __syncwarp();
@@ -322,7 +322,7 @@ struct BwdDqOps {
         sdS(reinterpret_cast<__half*>(reinterpret_cast<float*>(scratch) + W * 2 * 16 * SS) +
             warp_ * 16 * SS) {}
 
-  __device__ __forceinline__ void row_stats(const BwdParams& p, const detail::BwdRows& rows,
+  __device__ __forceinline__ void row_stats(const BwdParams& p, const detail::BwdSequence& rows,
                                             int h, int m0, int sq) {
     using namespace detail;
     er = lane >> 1;
@@ -389,7 +389,7 @@ struct BwdDqOps {
     }
   }
 
-  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdRows& rows, int h,
+  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdSequence& rows, int h,
                                         int m0, int sq, int part) {
     using namespace detail;
     __syncwarp();

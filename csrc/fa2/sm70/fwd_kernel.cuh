@@ -53,8 +53,8 @@ namespace fa2 {
 namespace sm70 {
 
 template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS, int WR = 16, int KS = 1>
-struct FwdConfig : TileShape<D, BR, BC, WR> {
-  using Shape = TileShape<D, BR, BC, WR>;
+struct FwdConfig : FwdShape<D, BR, BC, WR> {
+  using Shape = FwdShape<D, BR, BC, WR>;
   static_assert(KS == 1, "sm70 kernel: no dim split (each warp owns whole rows of O)");
   static constexpr bool kPrefetch = PREFETCH == KvPrefetch::kBoth;
   static constexpr bool kQInRegs = Q_IN_REGS;

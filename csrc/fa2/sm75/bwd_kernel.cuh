@@ -140,7 +140,7 @@ struct BwdMainOps {
     for (int i = 0; i < (kDv ? DT : 1); ++i) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
   }
 
-  __device__ __forceinline__ void begin(const BwdParams& p, const detail::BwdRows& rows, int hk,
+  __device__ __forceinline__ void begin(const BwdParams& p, const detail::BwdSequence& rows, int hk,
                                         int n0, int sk, int head_dim, unsigned char* smem_raw) {
     using namespace detail;
     // ldmatrix lane addresses (see fwd_kernel.cuh): A rows of this warp; B stored [n][k];
@@ -304,7 +304,7 @@ struct BwdMainOps {
 
   // ---- dQ += dS K: the tile's BM / 16 query slices x D / 8 n8 tiles over the warps
   // (kSlicesPerWarp, kDqTiles), kDqChunk n8 tiles accumulated at a time
-  __device__ __forceinline__ void dq_atomic(const BwdParams& p, const detail::BwdRows& rows,
+  __device__ __forceinline__ void dq_atomic(const BwdParams& p, const detail::BwdSequence& rows,
                                             int h, int m0, int sq, const __half* sK,
                                             const __half* sdS) {
     using namespace detail;
@@ -377,7 +377,7 @@ struct BwdMainOps {
   // The column test reads p.head_dim, not the body's head_dim: with that value nvcc merged it
   // with the A-fragment loads' tests (kARegs) and kept their predicates live across the query
   // loop (d128 dK pass: 255 registers instead of 244).
-  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdRows& rows, int hk,
+  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdSequence& rows, int hk,
                                         int, int sk, int) {
     using namespace detail;
     const float scale = p.scale;
@@ -428,7 +428,7 @@ struct BwdDqOps {
   __device__ __forceinline__ BwdDqOps(unsigned char*, int warp_, int lane_)
       : warp(warp_), lane(lane_), g(lane_ >> 2), tig(lane_ & 3) {}
 
-  __device__ __forceinline__ void row_stats(const BwdParams& p, const detail::BwdRows& rows,
+  __device__ __forceinline__ void row_stats(const BwdParams& p, const detail::BwdSequence& rows,
                                             int h, int m0, int sq) {
     using namespace detail;
     r0 = m0 + warp * 16 + g;
@@ -522,7 +522,7 @@ struct BwdDqOps {
     }
   }
 
-  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdRows& rows, int h,
+  __device__ __forceinline__ void store(const BwdParams& p, const detail::BwdSequence& rows, int h,
                                         int, int sq, int part) {
     using namespace detail;
     const float scale = p.scale;

@@ -51,8 +51,8 @@ namespace sm75 {
 // whole key loop instead of re-reading them from shared memory per tile; the Q tile is
 // then only staged in shared memory, which the K/V tiles reuse (smem = max(Q, K/V tiles)).
 template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS, int WR = 16, int KS = 1>
-struct FwdConfig : TileShape<D, BR, BC, WR, KS> {
-  using Shape = TileShape<D, BR, BC, WR, KS>;
+struct FwdConfig : FwdShape<D, BR, BC, WR, KS> {
+  using Shape = FwdShape<D, BR, BC, WR, KS>;
   static constexpr KvPrefetch kPrefetch = PREFETCH;
   static constexpr bool kQInRegs = Q_IN_REGS;
   // K/V of the next tile held in registers across the whole iteration
