@@ -34,8 +34,8 @@ import sm7x.fa2 as fa2  # noqa: E402
 from sm7x.fa2 import (  # noqa: E402
     flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode)
 from fa2_reference import (  # noqa: E402
-    _compare, _record, capture, apply_rotary, ceil_div, contiguous_from_paged, cu_seqlens, gather_paged,
-    gen, i32, packed_to_batched, paged_cache, paged_rows, random_lens, reference,
+    _compare, _record, apply_rotary, capture, ceil_div, contiguous_from_paged, cu_seqlens,
+    gather_paged, gen, i32, packed_to_batched, paged_cache, paged_rows, random_lens, reference,
     reference_seqs, report_worst, rotary_tables)
 
 pytestmark = pytest.mark.gpu
@@ -905,6 +905,59 @@ def test_kvcache_rotary_table_too_short_for_the_new_keys_raises():
                                 cache_seqlens=torch.tensor([30, 0], dtype=I32, device=DEV),
                                 causal=False)
     assert torch.equal(k_cache, before)
+
+
+# flash_attn_func with few query rows per kv head (a model that keeps its own cache and
+# calls the dense API) runs on the serving kernel: (seqlen_q, num_heads, num_kv_heads), up
+# to 64 rows per kv head; the dims of every compiled kernel and two that run padded.
+DENSE_ROWS = [(1, 8, 8), (1, 32, 8), (1, 16, 1), (2, 16, 2), (5, 12, 4), (8, 64, 8), (64, 4, 4)]
+DENSE_MASKS = [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (True, (100, 0), 0.0),
+               (False, (37, 5), 0.0), (False, (-1, -1), 30.0)]
+
+
+def _spy_dense(monkeypatch) -> list:
+    from sm7x.fa2 import _serving
+
+    calls, real = [], _serving.dense
+    monkeypatch.setattr(_serving, "dense", lambda *a: (calls.append(a[2].shape), real(*a))[1])
+    return calls
+
+
+@pytest.mark.parametrize("d", sorted(set(fa2.COMPILED_HEAD_DIMS) | {40, 72}))
+@pytest.mark.parametrize("sq,h,hk", DENSE_ROWS)
+def test_dense_few_rows_run_the_serving_kernel(sq, h, hk, d, monkeypatch):
+    """Against the float32 reference and against the same call on the prefill kernel
+    (SM7X_FA2_DENSE=prefill), over masks, windows and softcap; keys not a tile multiple."""
+    calls = _spy_dense(monkeypatch)
+    for i, (causal, window, softcap) in enumerate(DENSE_MASKS):
+        b, sk, g = 3, 1000 + 37 * i, gen(400 + i)
+        q, k, v = (randn(b, n, heads, d, g=g) for n, heads in ((sq, h), (sk, hk), (sk, hk)))
+        kw = dict(causal=causal, window_size=window, softcap=softcap, return_attn_probs=True)
+        out, lse, _ = fa2.flash_attn_func(q, k, v, **kw)
+        monkeypatch.setenv("SM7X_FA2_DENSE", "prefill")
+        pout, plse, _ = fa2.flash_attn_func(q, k, v, **kw)
+        monkeypatch.delenv("SM7X_FA2_DENSE")
+        ro, rl = reference(q, k, v, d ** -0.5, causal, window, softcap)
+        tag = f"{TAG}dense few rows sq={sq} {h}/{hk} d={d} causal={causal} {window} {softcap}"
+        _compare(tag, out, lse, ro, rl, atol=ATOL_SOFTCAP if softcap else ATOL)
+        assert (out.float() - pout.float()).abs().max().item() <= 2 * ATOL, tag
+    assert len(calls) == len(DENSE_MASKS), "the few-rows calls did not reach the serving kernel"
+
+
+def test_dense_calls_that_stay_on_the_prefill_kernel(monkeypatch):
+    """More than 64 rows per kv head, no more keys than queries, and calls that need grad
+    keep the prefill kernel (the serving kernel is forward-only); results still right."""
+    calls = _spy_dense(monkeypatch)
+    for sq, sk, h, hk, grad in ((65, 500, 4, 4, False), (9, 500, 64, 8, False),
+                                (16, 16, 8, 8, False), (1, 500, 8, 8, True)):
+        g = gen(450)
+        q, k, v = (randn(2, n, heads, 64, g=g) for n, heads in ((sq, h), (sk, hk), (sk, hk)))
+        if grad:
+            q.requires_grad_(True)
+        out = fa2.flash_attn_func(q, k, v, causal=True)
+        ro, _ = reference(q.detach(), k, v, 64 ** -0.5, True)
+        assert (out.detach().float() - ro).abs().max().item() <= ATOL, (sq, sk, h, hk, grad)
+    assert calls == []
 
 
 def test_zz_report_worst_errors():

@@ -161,6 +161,19 @@ def _result(**row):
             "baselines": {"decode": {"sdpa_flash": {"gqa": None, "note": "needs sm80"}}}}
 
 
+def test_dense_goal_lines():
+    rows = [dict(batch=16, kv_len=32768, sm7x_dense_eager_gbps=3000.0,
+                 sm7x_kvcache_eager_gbps=3200.0, sm7x_dense_prefill_eager_gbps=480.0),
+            dict(batch=1, kv_len=131072, sm7x_dense_eager_gbps=1000.0,
+                 sm7x_kvcache_eager_gbps=2000.0),
+            dict(batch=1, kv_len=4096, skipped="too big")]
+    met, missed = D.dense_goal_lines({"results": rows})
+    assert met.startswith("flash_attn_func decode, 32k x batch 16: 3000 GB/s, 0.94 of")
+    assert "[met]" in met and "the prefill kernel: 480 GB/s" in met
+    assert "0.50 of flash_attn_with_kvcache's 2000" in missed and "[missed]" in missed
+    assert "prefill kernel" not in missed
+
+
 def test_goal_lines():
     r = _result(sm7x_over_sdpa_flash=0.8, frac_of_copy=0.55)
     (line,) = D.goal_lines(r)
@@ -307,7 +320,16 @@ def fake_api(monkeypatch):
         cu = torch.arange(b + 1, dtype=torch.int32) * sq
         return _fake_paged(q.flatten(0, 1), kc, vc, cu, block_table, cache_seqlens).view(q.shape)
 
+    def dense(q, k, v, causal=False):  # one query row: causal changes nothing
+        assert q.shape[1] == 1 and causal
+        qh, kh, vh = (t.transpose(1, 2).float() for t in (q, k, v))  # [B, H, S, D]
+        g = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(g, 1), vh.repeat_interleave(g, 1)
+        p = (qh @ kh.transpose(-1, -2) * qh.shape[-1] ** -0.5).softmax(-1)
+        return (p @ vh).transpose(1, 2).half()
+
     monkeypatch.setattr(fa2, "plan_decode", plan_decode, raising=False)
+    monkeypatch.setattr(fa2, "flash_attn_func", dense)
     monkeypatch.setattr(fa2, "flash_attn_varlen_func", varlen)
     monkeypatch.setattr(fa2, "flash_attn_with_kvcache", kvcache, raising=False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
@@ -334,11 +356,12 @@ def test_decode_row_on_cpu(fake_api):
     assert row["num_splits"] == 3 and row["num_splits_attr"] == "num_splits"
     assert row["sm7x_timing"] == "graph"  # on CPU core._time ignores graph
     for key in ("sm7x_gbps", "sm7x_eager_gbps", "sm7x_kvcache_eager_gbps", "sdpa_flash_gbps",
+                "sm7x_dense_eager_gbps", "sm7x_dense_prefill_eager_gbps",
                 "sm7x_over_sdpa_flash"):
         assert row[key] > 0, key
     assert row["sdpa_efficient_gbps"] is None and row["sm7x_over_sdpa_efficient"] is None
     assert row["max_abs_diff"] < 1e-2 and set(row["max_abs_diff_vs"]) == {
-        "torch_matmul", "sm7x_kvcache", "sdpa_flash"}
+        "torch_matmul", "sm7x_kvcache", "sm7x_dense", "sm7x_dense_prefill", "sdpa_flash"}
     assert row["useful_bytes"] == D.useful_bytes(2, 40) and not row["notes"]
 
     big = D._decode_row(64, 131072, _args(), baselines, 10 * GiB, gen, "cpu", 0)

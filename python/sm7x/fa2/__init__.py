@@ -39,6 +39,8 @@ This module imports torch; ``import sm7x`` does not import it.
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
 
 from .. import _targets
@@ -296,8 +298,31 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         return (out, lse, None) if return_attn_probs else out
     ops, q, k, v, out = _prepare(fn, q, k, v)
     lse = torch.empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32, device=q.device)
-    ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap)
+    if _few_rows(q.shape[1], heads // kv_heads, k.shape[1]) and not _dense_forced():
+        _serving_module().dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap)
+    else:
+        ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _few_rows(sq: int, group: int, sk: int) -> bool:
+    """An inference call of flash_attn_func that the serving kernel runs faster: few query
+    rows per kv head over more keys than rows (decode, short verification: see
+    _serving.dense). The prefill kernel keeps the rest, and every call that needs grad."""
+    return 0 < sq * group <= _dense_rows() and sk > sq
+
+
+@functools.lru_cache(maxsize=1)
+def _dense_rows() -> int:
+    """The rows the serving kernel's narrow tiles are for (targets.json
+    fa2.serving_wide_rows): more run its prefill tiles, which the prefill kernel matches."""
+    return int(_targets.load()["fa2"]["serving_wide_rows"])
+
+
+def _dense_forced() -> bool:
+    """SM7X_FA2_DENSE=prefill keeps every flash_attn_func call on the prefill kernel (for
+    A/B measurements and as an escape hatch)."""
+    return os.environ.get("SM7X_FA2_DENSE", "").strip().lower() == "prefill"
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

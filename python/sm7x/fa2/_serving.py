@@ -488,6 +488,20 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return (out, lse, None) if return_lse else out
 
 
+def dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap) -> None:
+    """A flash_attn_func call with few query rows per kv head, by a model that keeps its
+    own K/V and calls the dense API, on the serving kernel: k and v read as a contiguous
+    cache that every sequence fills, the GQA group's rows packed so each key is read once
+    per kv head, and split-KV planned as for flash_attn_with_kvcache. The prefill kernel
+    would run one CTA per query head and sequence over all the keys. Same masks (bottom-
+    right causal, windows), softcap, output and LSE."""
+    _run(fn, ops, q, k, v, out, lse, cu_seqlens_q=None, seqused_k=None, cu_seqlens_k=None,
+         block_table=None, cache_batch_idx=None, leftpad=None, batch=q.shape[0],
+         max_seqlen_q=q.shape[1], seqlen_k_bound=k.shape[1], seqused_add=0, scale=scale,
+         causal=causal, left=left, right=right, softcap=softcap, num_splits=0, plan=None,
+         kv_format=0, k_descale=None, v_descale=None)
+
+
 def _rotary(x, cos, sin, pos, interleaved: bool):
     """x [B, S, H, D] rotated at positions pos [B, S] (flash-attn's apply_rotary: the first
     rotary_dim = 2 * cos.shape[1] channels; GPT-J pairs when interleaved, else NeoX halves);

@@ -85,9 +85,9 @@ from .arithmetic import (  # noqa: F401
     useful_bytes)
 from .cli import main, parse_args, parse_kv_dtypes, parse_shape, parse_sizes  # noqa: F401
 from .report import (  # noqa: F401
-    DECODE_HEADER, PREFILL_HEADER, _fmt, all_goal_lines, context_table_markdown, draw, find_row,
-    fill_frac_of_copy, finish, format_decode_row, format_kv8_lines, format_prefill_row,
-    goal_lines, kv8_formats, kv8_goal_lines, print_summary, print_table)
+    DECODE_HEADER, PREFILL_HEADER, _fmt, all_goal_lines, context_table_markdown, dense_goal_lines,
+    draw, fill_frac_of_copy, find_row, finish, format_decode_row, format_kv8_lines,
+    format_prefill_row, goal_lines, kv8_formats, kv8_goal_lines, print_summary, print_table)
 from .runs import (  # noqa: F401
     _backend, _bottom_right_mask, _causal_lr, _copy_bandwidth, _decode_reference, _decode_row,
     _dequant, _encode_cache, _expand, _fill_paged, _first_line, _free_cuda, _make_plan,

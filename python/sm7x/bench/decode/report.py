@@ -115,8 +115,31 @@ def goal_lines(result: dict) -> list[str]:
 
 
 def all_goal_lines(result: dict) -> list[str]:
-    """goal_lines (32k x batch 16 against SDPA) then the 8-bit ones (none by default)."""
-    return goal_lines(result) + kv8_goal_lines(result)
+    """goal_lines (32k x batch 16 against SDPA), the 8-bit ones (none by default), then the
+    dense few-rows calls against flash_attn_with_kvcache."""
+    return goal_lines(result) + kv8_goal_lines(result) + dense_goal_lines(result)
+
+
+DENSE_GOAL = 0.90  # flash_attn_func's decode GB/s at least this fraction of with_kvcache's
+
+
+def dense_goal_lines(result: dict) -> list[str]:
+    """Per decode row: flash_attn_func with one query row per sequence (the serving kernel,
+    chosen by sm7x.fa2) against flash_attn_with_kvcache on the same keys, both eager; the
+    prefill kernel's time (SM7X_FA2_DENSE=prefill) beside it."""
+    lines = []
+    for r in result.get("results", []):
+        dense, kvc = r.get("sm7x_dense_eager_gbps"), r.get("sm7x_kvcache_eager_gbps")
+        if not dense or not kvc:
+            continue
+        frac = dense / kvc
+        pre = r.get("sm7x_dense_prefill_eager_gbps")
+        lines.append(
+            f"flash_attn_func decode, {r['kv_len'] // 1024}k x batch {r['batch']}: "
+            f"{dense:.0f} GB/s, {frac:.2f} of flash_attn_with_kvcache's {kvc:.0f} (goal >= "
+            f"{DENSE_GOAL:.2f}) [{'met' if frac >= DENSE_GOAL else 'missed'}]"
+            + (f"; the prefill kernel: {pre:.0f} GB/s" if pre else ""))
+    return lines
 
 
 # ---------------------------------------------------------------------------------------

@@ -274,6 +274,39 @@ def _make_plan(batch, q_len, kv_len, dev, num_splits, notes, shape: Shape):
         return None
 
 
+DENSE_TIMES = ("sm7x_dense_eager", "sm7x_dense_prefill_eager")
+
+
+def _dense_times(q, k_c, v_c, ref, a, diffs: dict, notes: list[str]) -> dict:
+    """The same decode step through flash_attn_func, as a model that keeps its own [B, H,
+    S, D] cache calls it (k/v transposed views): eager, on the serving kernel (few rows per
+    kv head: sm7x.fa2 picks it) and with SM7X_FA2_DENSE=prefill (the prefill kernel, what
+    such a call ran on before)."""
+    from ...fa2 import flash_attn_func
+
+    q4, kd, vd = q.unsqueeze(1), k_c.transpose(1, 2), v_c.transpose(1, 2)
+
+    def dense():
+        return flash_attn_func(q4, kd, vd, causal=True)
+
+    times: dict = {}
+    saved = os.environ.pop("SM7X_FA2_DENSE", None)
+    try:
+        for name, env in (("sm7x_dense_eager", None), ("sm7x_dense_prefill_eager", "prefill")):
+            if env is not None:
+                os.environ["SM7X_FA2_DENSE"] = env
+            diffs[name.removesuffix("_eager")] = _max_diff(dense().reshape(ref.shape), ref)
+            times[name] = _timed(f"flash_attn_func ({env or 'default'})", dense, a.iters,
+                                 a.repeats, False, notes)
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"flash_attn_func (few rows) failed: {_first_line(e)}")
+    finally:
+        os.environ.pop("SM7X_FA2_DENSE", None)
+        if saved is not None:
+            os.environ["SM7X_FA2_DENSE"] = saved
+    return times
+
+
 def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
     from torch.nn.attention import sdpa_kernel
 
@@ -355,6 +388,7 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
                                              False, notes)
     except Exception as e:  # noqa: BLE001
         notes.append(f"flash_attn_with_kvcache failed: {_first_line(e)}")
+    times.update(_dense_times(q, k_c, v_c, ref, a, diffs, notes))
 
     # 8-bit caches: the same keys, pages, block table and plan, timed as the fp16 row was;
     # each copy lives in kv8_one only (freed before the next and before the baselines).
@@ -421,7 +455,7 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
     if times.get("sm7x") is None and times.get("sm7x_eager") is not None:
         notes.append("sm7x GB/s is the eager time (CUDA graph capture failed)")
     row["sm7x_timing"] = "graph" if times.get("sm7x") else ("eager" if t_sm else None)
-    for name in ("sm7x", "sm7x_eager", "sm7x_kvcache_eager") + tuple(baselines):
+    for name in ("sm7x", "sm7x_eager", "sm7x_kvcache_eager") + DENSE_TIMES + tuple(baselines):
         t = t_sm if name == "sm7x" else times.get(name)
         row[f"{name}_us"] = None if t is None else t * 1e6
         row[f"{name}_gbps"] = gbps(nbytes, t)
