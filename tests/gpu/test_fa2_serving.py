@@ -944,6 +944,42 @@ def test_dense_few_rows_run_the_serving_kernel(sq, h, hk, d, monkeypatch):
     assert len(calls) == len(DENSE_MASKS), "the few-rows calls did not reach the serving kernel"
 
 
+def _spy_dense_varlen(monkeypatch) -> list:
+    from sm7x.fa2 import _serving
+
+    calls, real = [], _serving.dense_varlen
+    monkeypatch.setattr(_serving, "dense_varlen",
+                        lambda *a: (calls.append(a[2].shape), real(*a))[1])
+    return calls
+
+
+@pytest.mark.parametrize("d", sorted(set(fa2.COMPILED_HEAD_DIMS) | {40}))
+@pytest.mark.parametrize("h,hk", [(8, 8), (32, 8), (16, 1)])
+def test_dense_varlen_few_rows_run_the_serving_kernel(h, hk, d, monkeypatch):
+    """flash_attn_varlen_func with 1-4 queries per sequence over 0-2000 keys (one sequence
+    without keys, one with fewer keys than queries) against the float32 reference and
+    against the prefill kernel, over masks, windows and softcap."""
+    calls = _spy_dense_varlen(monkeypatch)
+    for i, (causal, window, softcap) in enumerate(DENSE_MASKS):
+        lq = [1, 4, 2, 1, 3]
+        lk = [0, 3, 2000, 777, 1 + 61 * i]
+        g = gen(470 + i)
+        qs = [randn(n, h, d, g=g) for n in lq]
+        ks, vs = ([randn(n, hk, d, g=g) for n in lk] for _ in range(2))
+        q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+        args = (q, k, v, cu_seqlens(lq), cu_seqlens(lk), max(lq), max(lk))
+        kw = dict(causal=causal, window_size=window, softcap=softcap, return_attn_probs=True)
+        out, lse, _ = fa2.flash_attn_varlen_func(*args, **kw)
+        monkeypatch.setenv("SM7X_FA2_DENSE", "prefill")
+        pout, _, _ = fa2.flash_attn_varlen_func(*args, **kw)
+        monkeypatch.delenv("SM7X_FA2_DENSE")
+        ro, rl = reference_seqs(qs, ks, vs, d ** -0.5, causal, window, softcap)
+        tag = f"{TAG}dense varlen few rows {h}/{hk} d={d} causal={causal} {window} {softcap}"
+        _compare(tag, out, lse, ro, rl, atol=ATOL_SOFTCAP if softcap else ATOL)
+        assert (out.float() - pout.float()).abs().max().item() <= 2 * ATOL, tag
+    assert len(calls) == len(DENSE_MASKS), "the few-rows calls did not reach the serving kernel"
+
+
 def test_dense_calls_that_stay_on_the_prefill_kernel(monkeypatch):
     """More than 64 rows per kv head, no more keys than queries, and calls that need grad
     keep the prefill kernel (the serving kernel is forward-only); results still right."""

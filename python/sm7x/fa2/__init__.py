@@ -306,9 +306,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 
 def _few_rows(sq: int, group: int, sk: int) -> bool:
-    """An inference call of flash_attn_func that the serving kernel runs faster: few query
-    rows per kv head over more keys than rows (decode, short verification: see
-    _serving.dense). The prefill kernel keeps the rest, and every call that needs grad."""
+    """An inference call of flash_attn_func / flash_attn_varlen_func (sq, sk: the longest
+    sequence's) that the serving kernel runs faster: few query rows per kv head over more
+    keys than rows (decode, short verification: see _serving.dense). The prefill kernel
+    keeps the rest, and every call that needs grad."""
     return 0 < sq * group <= _dense_rows() and sk > sq
 
 
@@ -320,8 +321,8 @@ def _dense_rows() -> int:
 
 
 def _dense_forced() -> bool:
-    """SM7X_FA2_DENSE=prefill keeps every flash_attn_func call on the prefill kernel (for
-    A/B measurements and as an escape hatch)."""
+    """SM7X_FA2_DENSE=prefill keeps every flash_attn_func / flash_attn_varlen_func call on
+    the prefill kernel (for A/B measurements and as an escape hatch)."""
     return os.environ.get("SM7X_FA2_DENSE", "").strip().lower() == "prefill"
 
 
@@ -426,8 +427,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     ops, q, k, v, out = _prepare(fn, q, k, v, out)
     lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)
-    ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-                   max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap)
+    if _few_rows(max_seqlen_q, heads // kv_heads, max_seqlen_k) and not _dense_forced():
+        _serving_module().dense_varlen(fn, ops, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                       max_seqlen_q, max_seqlen_k, scale, causal, left, right,
+                                       softcap)
+    else:
+        ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+                       max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -502,6 +502,22 @@ def dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap) -> No
          kv_format=0, k_descale=None, v_descale=None)
 
 
+def dense_varlen(fn, ops, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                 max_seqlen_k, scale, causal, left, right, softcap) -> None:
+    """flash_attn_varlen_func's few-rows calls, as dense: the packed k / v are one cache row
+    [1, total_k, num_kv_heads, head_dim] in which sequence b holds keys [cu_seqlens_k[b],
+    cu_seqlens_k[b + 1]) (its cache_leftpad and cache_seqlens)."""
+    batch = cu_seqlens_q.shape[0] - 1
+    cu_k = cu_seqlens_k.contiguous()
+    rows = torch.zeros(batch, dtype=torch.int32, device=q.device)
+    _run(fn, ops, q, k.unsqueeze(0), v.unsqueeze(0), out, lse,
+         cu_seqlens_q=cu_seqlens_q.contiguous(), seqused_k=cu_k[1:], cu_seqlens_k=None,
+         block_table=None, cache_batch_idx=rows, leftpad=cu_k[:-1], batch=batch,
+         max_seqlen_q=max_seqlen_q, seqlen_k_bound=max_seqlen_k, seqused_add=0, scale=scale,
+         causal=causal, left=left, right=right, softcap=softcap, num_splits=0, plan=None,
+         kv_format=0, k_descale=None, v_descale=None)
+
+
 def _rotary(x, cos, sin, pos, interleaved: bool):
     """x [B, S, H, D] rotated at positions pos [B, S] (flash-attn's apply_rotary: the first
     rotary_dim = 2 * cos.shape[1] channels; GPT-J pairs when interleaved, else NeoX halves);
