@@ -10,7 +10,9 @@ import pytest
 
 def fa2_arch_or_skip() -> str:
     """The arch of the library the tests exercise ("sm75" / "sm70"); call at module top."""
-    torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
+    from sm7x._targets import torch_min
+
+    torch = pytest.importorskip("torch", reason=f"sm7x FA2 needs torch >= {torch_min()}")
     if not torch.cuda.is_available():
         pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
     from fa2_reference import selected_arch

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the core ops need torch >= 2.10")
+from sm7x._targets import torch_min
+
+torch = pytest.importorskip("torch", reason=f"the core ops need torch >= {torch_min()}")
 if not torch.cuda.is_available():
     pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
 

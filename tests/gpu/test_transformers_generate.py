@@ -28,7 +28,9 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x FA2 needs torch >= 2.10")
+from sm7x._targets import torch_min
+
+torch = pytest.importorskip("torch", reason=f"sm7x FA2 needs torch >= {torch_min()}")
 if not torch.cuda.is_available():
     pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
 transformers = pytest.importorskip("transformers", reason="needs transformers >= 5")

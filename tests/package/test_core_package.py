@@ -53,7 +53,7 @@ def test_installs_without_torch(tmp_path, python):
     assert any(entry["file"] == "_core.abi3.so" for entry in info["libraries"]), info["libraries"]
     # without torch the ops module explains itself instead of crashing the process
     proc = subprocess.run([str(env.python), "-c", "import sm7x.ops"], capture_output=True, text=True)
-    assert proc.returncode == 1 and "needs PyTorch >= 2.10" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and f"needs PyTorch >= {_targets.torch_min()}" in proc.stderr, proc.stderr
 
 
 def test_ops_run_in_a_cpu_torch_environment(tmp_path):
@@ -63,9 +63,9 @@ def test_ops_run_in_a_cpu_torch_environment(tmp_path):
     out = run(env, "-c", OPS)
     for op in ("fused_add_rms_norm", "reshape_and_cache", "rms_norm", "rotary_embedding", "silu_and_mul"):
         assert op in out
-    # the shipped file passes the audit: stable ABI for torch 2.10, abi3 name and API
+    # the shipped file passes the audit: stable ABI for the torch floor, abi3 name and API
     lib = env.prefix / "lib" / "python3.11" / "site-packages" / "sm7x" / "_core.abi3.so"
-    proc = run_tool("sm7x_tools.audit", "--json", "--require", "stable", "--torch-target", "2.10", lib)
+    proc = run_tool("sm7x_tools.audit", "--json", "--require", "stable", "--torch-target", _targets.torch_min(), lib)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (record,) = json.loads(proc.stdout)["files"]
     assert record["torch"]["verdict"] == "STABLE", record["torch"]

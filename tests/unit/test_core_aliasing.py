@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the core ops need torch >= 2.10")
+from sm7x._targets import torch_min
+
+torch = pytest.importorskip("torch", reason=f"the core ops need torch >= {torch_min()}")
 from sm7x import _core_loader  # noqa: E402
 
 if _core_loader.core_library_path() is None:

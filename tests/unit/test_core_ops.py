@@ -1,7 +1,8 @@
 """sm7x core ops (_core.abi3.so) against float32 references written in plain torch.
 
 Runs on CPU here; tests/gpu/test_core_cuda.py collects the same tests with the `device`
-fixture set to "cuda". Skipped when torch (>= 2.10) or the built library is missing.
+fixture set to "cuda". Skipped when torch (at least the floor in targets.json) or the built
+library is missing.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ import threading
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x.fa2 needs torch >= 2.10")
+from sm7x._targets import torch_min
+
+torch = pytest.importorskip("torch", reason=f"sm7x.fa2 needs torch >= {torch_min()}")
 
 import sm7x.fa2 as fa2  # noqa: E402
 from sm7x import _libfile, _select  # noqa: E402

@@ -18,7 +18,9 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x.fa2 needs torch >= 2.10")
+from sm7x._targets import torch_min
+
+torch = pytest.importorskip("torch", reason=f"sm7x.fa2 needs torch >= {torch_min()}")
 
 import fa2_cpu_ops as cpu  # noqa: E402
 import sm7x.fa2 as fa2  # noqa: E402

@@ -13,7 +13,9 @@ import re
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="sm7x.fa2 needs torch >= 2.10")
+from sm7x._targets import torch_min
+
+torch = pytest.importorskip("torch", reason=f"sm7x.fa2 needs torch >= {torch_min()}")
 
 import sm7x.fa2 as fa2  # noqa: E402
 from sm7x.fa2 import (  # noqa: E402

@@ -137,16 +137,23 @@ _RESTATED = [
     (re.compile(r"32,\s*64,\s*96,\s*128,\s*256"), "the FA2 head-dim list"),
     (re.compile(r"""__version__\s*=\s*["']\d+\.\d+"""), "the version"),
     (re.compile(r"""version\s*=\s*["']\d+\.\d+\.\d+["']"""), "the version"),
-    (re.compile(r"(?:pytorch|libtorch|PyTorch) >=\s*2\.\d|TORCH_TARGET_VERSION=0x"), "the torch floor"),
+    (re.compile(r"(?:pytorch|libtorch|PyTorch|torch) \(?>=\s*2\.\d|TORCH_TARGET_VERSION=0x"),
+     "the torch floor"),
 ]
 
 
 def test_no_fact_is_written_twice_in_code():
-    files = subprocess.run(["git", "ls-files", "csrc", "python", "recipe", "variants", "pyproject.toml"],
+    files = subprocess.run(["git", "ls-files", "csrc", "python", "recipe", "variants", "tests",
+                            "pyproject.toml"],
                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     code = [f for f in files if Path(f).suffix in {".py", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".txt",
                                                    ".cmake", ".sh", ".yaml", ".toml", ".in"}]
     assert code, "git ls-files found no code: run from a checkout"
+    # the audit's tests use torch 2.10 as data (a stable-ABI target), not as sm7x's floor;
+    # the bootstrap sysroot's comment says why glibc 2.28 suffices (built before any table)
+    data = ("tests/unit/test_targets.py", "tests/unit/test_audit.py", "tests/audit_fixtures/",
+            "python/sm7x_tools/bootstrap/recipes/sysroot/")
+    code = [f for f in code if not f.startswith(data)]
     hits = [f"{f}: {what}" for f in code for rx, what in _RESTATED
             if rx.search((REPO / f).read_text(errors="replace"))]
     assert not hits, "written again outside its one place:\n" + "\n".join(hits)
