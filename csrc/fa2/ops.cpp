@@ -52,11 +52,22 @@ using torch::stable::Tensor;
   } while (0)
 
 
+std::string device_str(const Tensor& t) {
+  return t.is_cuda() ? "cuda:" + std::to_string(t.get_device_index()) : std::string("cpu");
+}
+
+// Every tensor on q's device. Whether that is a CUDA device is checked once, by
+// require_cuda after all the other checks of the op: so the op's messages about shapes,
+// dtypes and layouts are the same on CPU tensors (which the CPU registration gets, and
+// which CI without a GPU can test) as on CUDA ones.
 void check_cuda(const char* op, const char* name, const Tensor& t, const Tensor& q) {
-  FA2_CHECK(t.is_cuda(), op, name, " must be a CUDA tensor (sm7x FA2 runs on the GPU only)");
-  FA2_CHECK(t.get_device_index() == q.get_device_index(), op, name, " is on cuda:",
-            t.get_device_index(), " but q is on cuda:", q.get_device_index(),
+  FA2_CHECK(t.is_cuda() == q.is_cuda() && t.get_device_index() == q.get_device_index(), op,
+            name, " is on ", device_str(t), " but q is on ", device_str(q),
             "; move all tensors to one device");
+}
+
+void require_cuda(const char* op, const Tensor& q) {
+  FA2_CHECK(q.is_cuda(), op, "q must be a CUDA tensor (sm7x FA2 runs on the GPU only)");
 }
 
 void check_half(const char* op, const char* name, const Tensor& t) {
@@ -100,11 +111,19 @@ std::string head_dims_text() {
 }
 
 // A head dim the kernels run, and query heads a multiple of the kv heads (GQA/MQA).
+// How to run a head dim no kernel takes: the next multiple that one does (message only).
+std::string pad_hint(int64_t hd) {
+  const int64_t up = (hd + kHeadDimMultiple - 1) / kHeadDimMultiple * kHeadDimMultiple;
+  if (hd <= 0 || up > kMaxHeadDim) return "";
+  return "; or zero-pad q, k, v to " + std::to_string(up) + ", pass softmax_scale=" +
+         std::to_string(hd) + "**-0.5 and slice the output back to " + std::to_string(hd);
+}
+
 void check_heads(const char* op, int64_t hd, int64_t heads, int64_t kv_heads) {
   FA2_CHECK(hd > 0 && hd % kHeadDimMultiple == 0 && hd <= kMaxHeadDim, op, "head dim ", hd,
             " is not supported: it must be a multiple of ", kHeadDimMultiple, " and at most ",
             kMaxHeadDim, " (kernels are compiled for ", head_dims_text(),
-            "; other sizes run padded)");
+            "; other sizes run padded)", pad_hint(hd));
   FA2_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, "num_heads (", heads,
             ") must be a multiple of num_kv_heads (", kv_heads, ") for GQA/MQA");
 }
@@ -117,7 +136,6 @@ struct Common {
 Common check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                  const Tensor& out, int lead, const char* layout) {
   const int64_t nd = lead + 2;
-  FA2_CHECK(q.is_cuda(), op, "q must be a CUDA tensor (sm7x FA2 runs on the GPU only)");
   for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v},
                       {"out", &out}}) {
     FA2_CHECK(t->dim() == nd, op, n, " must be ", nd, "-D ", layout, ", got shape ",
@@ -240,6 +258,7 @@ void fwd_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, double softmax
   check_int32(op, "batch", B);
   check_int32(op, "seqlen_q", sq);
   check_int32(op, "seqlen_k", sk);
+  require_cuda(op, q);
   if (B == 0 || sq == 0 || c.heads == 0) return;
   FwdParams p = base_params(op, q, k, v, out, lse, c, B, 2);
   p.lse_batch_stride = lse.stride(0);
@@ -297,6 +316,7 @@ void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor 
   check_varlen(op, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   check_options(op, softmax_scale, window_left, window_right, softcap);
   const int64_t B = cu_seqlens_q.size(0) - 1;
+  require_cuda(op, q);
   if (B == 0 || max_seqlen_q == 0 || total_q == 0 || c.heads == 0) return;
   FwdParams p = base_params(op, q, k, v, out, lse, c, B, 1);
   fill_varlen(p, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
@@ -410,6 +430,7 @@ void bwd_op(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, T
   check_int32(op, "seqlen_q", sq);
   check_int32(op, "seqlen_k", sk);
   check_int32(op, "batch * seqlen_q", B * sq);
+  require_cuda(op, q);
   if (B == 0 || c.heads == 0) return;
   BwdParams p = bwd_params(op, dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, c, B, 2);
   p.lse_batch_stride = lse.stride(0);
@@ -438,6 +459,7 @@ void bwd_varlen_op(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor
   check_options(op, softmax_scale, window_left, window_right, softcap);
   check_bwd_head_dim(op, c.head_dim);
   const int64_t B = cu_seqlens_q.size(0) - 1;
+  require_cuda(op, q);
   if (B == 0 || c.heads == 0) return;
   BwdParams p = bwd_params(op, dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, c, B, 1);
   fill_varlen(p, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
@@ -595,7 +617,6 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   const char* op = "fwd_serving";
   const bool varlen = cu_seqlens_q.has_value(), paged = block_table.has_value();
   const int qd = varlen ? 3 : 4;
-  FA2_CHECK(q.is_cuda(), op, "q must be a CUDA tensor (sm7x FA2 runs on the GPU only)");
   for (auto [n, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"out", &out}}) {
     FA2_CHECK(t->dim() == qd, op, n, " must be ", qd, "-D ",
               varlen ? "[total_q, num_heads, head_dim]" : "[batch, seqlen_q, num_heads, head_dim]",
@@ -700,6 +721,7 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
                       {"cache capacity", capacity}, {"num_blocks", n_blocks},
                       {"seqused_add", seqused_add}})
     check_int32(op, n, v);
+  require_cuda(op, q);
   if (B == 0 || sq_max == 0 || total_q == 0) return;
   FwdParams p{};
   p.q = q.const_data_ptr();

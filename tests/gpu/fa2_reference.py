@@ -374,6 +374,40 @@ def apply_rotary(x, cos, sin, positions, interleaved):
     return torch.cat((rot, x[..., rd:]), dim=-1)
 
 
+def check_api_errors_come_from_the_op(arch):
+    """sm7x.fa2 leaves the checks of what the op sees to the op: through the Python API a
+    bad dtype, head dim, GQA ratio, batch or option value raises the op's RuntimeError
+    (its name in the message), on the prefill path, the few-rows (serving) path, varlen
+    and the autograd path alike."""
+    from sm7x.fa2 import flash_attn_func, flash_attn_varlen_func
+
+    ns = f"sm7x\\.fa2_{arch}\\."
+    q, k, v = _qkv(2, 16, 16, 4, 4, 64, seed=70)
+    q1 = q[:, :1]
+    cases = [
+        (lambda: flash_attn_func(q.bfloat16(), k.bfloat16(), v.bfloat16()),
+         ns + r"fwd: q has dtype bfloat16; sm7x FA2 supports float16 only"),
+        (lambda: flash_attn_func(q1.bfloat16(), k.bfloat16(), v.bfloat16()),
+         ns + r"fwd_serving: q has dtype bfloat16"),
+        (lambda: flash_attn_func(*_qkv(1, 4, 4, 2, 2, 100)), r"zero-pad q, k, v to 104"),
+        (lambda: flash_attn_func(q, k[:, :, :3], v[:, :, :3]),
+         ns + r"fwd: num_heads \(4\) must be a multiple of num_kv_heads \(3\)"),
+        (lambda: flash_attn_func(q, k[:1], v[:1]), ns + r"fwd: q has batch 2 but k has 1"),
+        (lambda: flash_attn_func(q1, k[:1], v[:1]), ns + r"fwd: q has batch 2 but k has 1"),
+        (lambda: flash_attn_func(q, k, v, softmax_scale=-1.0), ns + r"fwd: softmax_scale"),
+        (lambda: flash_attn_func(q, k, v, softcap=float("inf")), ns + r"fwd: softcap"),
+        (lambda: flash_attn_func(q.requires_grad_(True), k, v, window_size=(-3, 0)),
+         ns + r"fwd: window_size"),
+        (lambda: flash_attn_varlen_func(*(t[0, :, :, :12].contiguous() for t in (q, k, v)),
+                                        i32([0, 16]), i32([0, 16]), 16, 16),
+         ns + r"fwd_varlen: head dim 12"),
+    ]
+    for call, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            call()
+    q.requires_grad_(False)
+
+
 def _wide_rows() -> int:
     from sm7x import _targets
 

@@ -435,7 +435,7 @@ def test_errors_name_the_argument_and_the_fix():
         flash_attn_with_kvcache(q, kc, kc, k_descale=kd.half(), **kw)
     with pytest.raises(RuntimeError, match=r"k_descale has shape \[5\]"):
         flash_attn_with_kvcache(q, kc, kc, k_descale=torch.ones(5, device=DEV), **kw)
-    with pytest.raises(RuntimeError, match="k_descale must be a CUDA tensor"):
+    with pytest.raises(RuntimeError, match="k_descale is on cpu but q is on cuda:0; move all"):
         flash_attn_with_kvcache(q, kc, kc, k_descale=kd.cpu(), **kw)
     with pytest.raises(ValueError, match="applies to calls over a KV cache"):
         flash_attn_varlen_func(q[:, 0], q[:, 0], q[:, 0], cu_seqlens([1, 1, 1]),

@@ -36,7 +36,8 @@ pytestmark = pytest.mark.gpu
 
 
 from fa2_reference import (  # noqa: E402
-    SEQS, _qkv, check_cuda_graph, check_mma_peak, check_occupancy_emulation, check_serving_tile, check_fwd, check_packed_qkv, check_softcap, check_varlen,
+    SEQS, _qkv, check_cuda_graph, check_mma_peak, check_api_errors_come_from_the_op, check_occupancy_emulation,
+    check_serving_tile, check_fwd, check_packed_qkv, check_softcap, check_varlen,
     check_window, report_worst)
 
 
@@ -113,3 +114,7 @@ def test_occupancy_emulation_caps_ctas_per_sm():
 
 def test_serving_tile_is_the_tables():
     check_serving_tile("sm70")
+
+
+def test_api_errors_come_from_the_op():
+    check_api_errors_come_from_the_op("sm70")

@@ -30,7 +30,8 @@ if torch.cuda.get_device_capability() >= (8, 0) and os.environ.get(_select.FORCE
 from sm7x.fa2 import flash_attn_func  # noqa: E402
 from fa2_reference import (  # noqa: E402
     SEQS, _qkv, _record, check_cuda_graph, check_fwd, check_packed_qkv, check_softcap,
-    check_mma_peak, check_occupancy_emulation, check_serving_tile, check_varlen, check_window, reference, report_worst)
+    check_mma_peak, check_api_errors_come_from_the_op, check_occupancy_emulation,
+    check_serving_tile, check_varlen, check_window, reference, report_worst)
 
 pytestmark = pytest.mark.gpu
 
@@ -122,3 +123,7 @@ def test_occupancy_emulation_caps_ctas_per_sm():
 
 def test_serving_tile_is_the_tables():
     check_serving_tile("sm75")
+
+
+def test_api_errors_come_from_the_op():
+    check_api_errors_come_from_the_op("sm75")

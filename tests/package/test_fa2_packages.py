@@ -100,6 +100,66 @@ def test_op_errors_name_the_op_and_no_build_path(env):
         assert ".cpp" not in line and not re.search(r"/\S+/", line), f"a source path in {line!r}"
 
 
+# The op owns the checks of what it is given (sm7x.fa2 leaves them to it): on CPU tensors
+# every one of them comes before "must be a CUDA tensor", so its messages are testable
+# here. (bad call, what the message must say), for both libraries.
+OP_CHECKS = r"""
+import torch, sm7x.fa2._loader as loader, sm7x._select as select
+dev = select.Device(0, "Tesla T4", (7, 5))
+h = torch.float16
+def qkv(b=1, s=8, hq=4, hk=4, d=64, dt=h, dk=None):
+    return (torch.zeros(b, s, hq, d, dtype=dt), torch.zeros(b, s, hk, dk or d, dtype=dt),
+            torch.zeros(b, s, hk, dk or d, dtype=dt))
+def call(ns, q, k, v, scale=0.125, wl=-1, wr=-1, cap=0.0):
+    lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+    getattr(torch.ops, ns).fwd(q, k, v, torch.empty_like(q), lse, scale, False, wl, wr, cap)
+CASES = {
+    "bf16": lambda ns: call(ns, *qkv(dt=torch.bfloat16)),
+    "d100": lambda ns: call(ns, *qkv(d=100)),
+    "d300": lambda ns: call(ns, *qkv(d=300)),
+    "gqa": lambda ns: call(ns, *qkv(hq=4, hk=3)),
+    "head-dim": lambda ns: call(ns, *qkv(dk=32)),
+    "batch": lambda ns: call(ns, qkv(b=2)[0], *qkv(b=1)[1:]),
+    "scale": lambda ns: call(ns, *qkv(), scale=-1.0),
+    "window": lambda ns: call(ns, *qkv(), wl=-2),
+    "softcap": lambda ns: call(ns, *qkv(), cap=-1.0),
+    "cpu": lambda ns: call(ns, *qkv()),
+}
+for arch in ("sm75", "sm70"):
+    ns = loader.load(select.Selection(arch, "test"), dev)
+    for name, f in CASES.items():
+        try:
+            f(ns)
+        except RuntimeError as exc:
+            print("MSG", arch, name, str(exc).splitlines()[0])
+"""
+
+OP_MESSAGES = {
+    "bf16": "q has dtype bfloat16; sm7x FA2 supports float16 only",
+    "d100": "head dim 100 is not supported: it must be a multiple of 8 and at most 256",
+    "d300": "head dim 300 is not supported",
+    "gqa": "num_heads (4) must be a multiple of num_kv_heads (3)",
+    "head-dim": "q, k and v must have the same head dim",
+    "batch": "q has batch 2 but k has 1",
+    "scale": "softmax_scale must be a finite number > 0",
+    "window": "window_size must be (left, right) with -1 for unbounded",
+    "softcap": "softcap must be a finite number >= 0",
+    "cpu": "q must be a CUDA tensor",
+}
+
+
+def test_the_op_checks_its_arguments_before_the_device(env):
+    out = run(env, "-c", OP_CHECKS)
+    got = {tuple(line.split(" ", 3)[1:3]): line.split(" ", 3)[3]
+           for line in out.splitlines() if line.startswith("MSG ")}
+    for arch in ("sm75", "sm70"):
+        for name, want in OP_MESSAGES.items():
+            msg = got.get((arch, name))
+            assert msg is not None, f"{arch} {name}: the op raised nothing\n{out}"
+            assert msg.startswith(f"sm7x.fa2_{arch}.fwd: ") and want in msg, (arch, name, msg)
+    assert "zero-pad q, k, v to 104" in got[("sm75", "d100")]
+
+
 def expected_kernels(arch: str, fa2: dict) -> dict[tuple, dict]:
     """(head_dim, block_m, block_n, serving, kv_read) -> its table entry: the prefill
     kernels (fa2.kernels), the narrow serving ones (fa2.serving_kernels) and the wide

@@ -92,12 +92,22 @@ def _ops_for(t: torch.Tensor):
 
 
 # ---------------------------------------------------------------------------------------
-# Validation (all before any library is loaded, so errors need no GPU).
+# Validation. One owner per check: the op (ops.cpp) checks every tensor it is given
+# (dtypes, shapes, devices, head dims, GQA, layouts, option values) with the op's name in
+# its RuntimeError, before it looks at whether q is on a GPU; Python checks what the op
+# cannot see or what Python itself uses first: Python types, unsupported options, the
+# ranks it allocates outputs and routes calls by, host-side lengths, and CPU tensors (no
+# library is picked for them).
 
 
 def _check_tensor(name: str, t, fn: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"sm7x.fa2.{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_half(name: str, t, fn: str) -> None:
+    """For tensors Python itself reads or writes before any op does (appended k / v)."""
+    _check_tensor(name, t, fn)
     if t.dtype != torch.float16:
         raise _select.dtype_error(f"sm7x.fa2.{fn}: {name}", str(t.dtype).replace("torch.", ""))
 
@@ -127,26 +137,14 @@ def _check_heads(fn: str, hd: int, heads: int, kv_heads: int) -> None:
 
 
 def _check_qkv(fn: str, q, k, v, nd: int, layout: str) -> tuple[int, int, int]:
+    """Tensors of rank nd (Python allocates the outputs from their shapes); the op checks
+    the rest. Returns num_heads, num_kv_heads, head_dim as given."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, fn)
         if t.dim() != nd:
             raise ValueError(f"sm7x.fa2.{fn}: {name} must be {nd}-D {layout}, got shape "
                              f"{tuple(t.shape)}")
-    hd = q.shape[-1]
-    if k.shape[-1] != hd or v.shape[-1] != hd:
-        raise ValueError(
-            f"sm7x.fa2.{fn}: q, k and v must have the same head_dim, got {tuple(q.shape)}, "
-            f"{tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if k.shape != v.shape:
-        raise ValueError(f"sm7x.fa2.{fn}: k {tuple(k.shape)} and v {tuple(v.shape)} must have "
-                         f"the same shape")
-    heads, kv_heads = q.shape[-2], k.shape[-2]
-    _check_heads(fn, hd, heads, kv_heads)
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"sm7x.fa2.{fn}: q, k, v are on {q.device}, {k.device}, {v.device}; "
-                         f"move them to one device")
-    return heads, kv_heads, hd
+    return q.shape[-2], k.shape[-2], q.shape[-1]
 
 
 def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tensor: str) -> None:
@@ -211,11 +209,8 @@ def _prepare(fn: str, q, k, v, out=None):
 def _check_options(fn: str, softmax_scale, hd: int, causal, window_size, softcap):
     api = f"sm7x.fa2.{fn}"
     if softmax_scale is None:
-        softmax_scale = hd ** -0.5
+        softmax_scale = hd ** -0.5 if hd > 0 else 1.0  # the op refuses head dim 0
     softmax_scale = _args.number(api, "softmax_scale", softmax_scale)
-    if not (softmax_scale > 0 and softmax_scale != float("inf")):
-        raise ValueError(f"sm7x.fa2.{fn}: softmax_scale must be a finite number > 0, got "
-                         f"{softmax_scale}")
     try:
         left, right = window_size
     except (TypeError, ValueError):
@@ -223,17 +218,25 @@ def _check_options(fn: str, softmax_scale, hd: int, causal, window_size, softcap
                         f"{window_size!r}") from None
     left, right = _args.integer(api, "window_size[0]", left), _args.integer(
         api, "window_size[1]", right)
-    if left < -1 or right < -1:
-        raise ValueError(f"sm7x.fa2.{fn}: window_size values must be >= 0, or -1 for "
-                         f"unbounded, got {window_size!r}")
     softcap = _args.number(api, "softcap", softcap)
     causal = _args.flag(api, "causal", causal)
+    if causal and right >= -1:  # a right < -1 is left for the op to refuse
+        right = 0
+    return softmax_scale, bool(causal), left, right, softcap
+
+
+def _check_option_values(fn: str, scale: float, left: int, right: int, softcap: float) -> None:
+    """The op's option checks, for the calls that write into a cache before the op runs
+    (flash_attn_with_kvcache's append): a call the op would refuse must not write first."""
+    if not (scale > 0 and scale != float("inf")):
+        raise ValueError(f"sm7x.fa2.{fn}: softmax_scale must be a finite number > 0, got "
+                         f"{scale}")
+    if left < -1 or right < -1:
+        raise ValueError(f"sm7x.fa2.{fn}: window_size values must be >= 0, or -1 for "
+                         f"unbounded, got ({left}, {right})")
     if not (softcap >= 0 and softcap != float("inf")):
         raise ValueError(f"sm7x.fa2.{fn}: softcap must be a finite number >= 0 (0 = off), "
                          f"got {softcap}")
-    if causal:
-        right = 0
-    return softmax_scale, bool(causal), left, right, softcap
 
 
 def _check_cuda(fn: str, q) -> None:
@@ -287,8 +290,6 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     fn = "flash_attn_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
     heads, kv_heads, hd = _check_qkv(fn, q, k, v, 4, "[batch, seqlen, num_heads, head_dim]")
-    if k.shape[0] != q.shape[0]:
-        raise ValueError(f"sm7x.fa2.{fn}: q has batch {q.shape[0]} but k has {k.shape[0]}")
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
     deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
@@ -298,19 +299,22 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         return (out, lse, None) if return_attn_probs else out
     ops, q, k, v, out = _prepare(fn, q, k, v)
     lse = torch.empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32, device=q.device)
-    if _few_rows(q.shape[1], heads // kv_heads, k.shape[1]) and not _dense_forced():
+    if q.shape[0] == k.shape[0] and _few_rows(q.shape[1], heads, kv_heads, hd, k.shape[1]):
         _serving_module().dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap)
     else:
         ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap)
     return (out, lse, None) if return_attn_probs else out
 
 
-def _few_rows(sq: int, group: int, sk: int) -> bool:
+def _few_rows(sq: int, heads: int, kv_heads: int, hd: int, sk: int) -> bool:
     """An inference call of flash_attn_func / flash_attn_varlen_func (sq, sk: the longest
     sequence's) that the serving kernel runs faster: few query rows per kv head over more
     keys than rows (decode, short verification: see _serving.dense). The prefill kernel
-    keeps the rest, and every call that needs grad."""
-    return 0 < sq * group <= _dense_rows() and sk > sq
+    keeps the rest, every call that needs grad, and every call its op refuses (a head dim
+    or GQA ratio no kernel runs: the prefill op says why)."""
+    if kv_heads <= 0 or heads % kv_heads or not 0 < hd <= MAX_HEAD_DIM or _dense_forced():
+        return False
+    return 0 < sq * (heads // kv_heads) <= _dense_rows() and sk > sq
 
 
 @functools.lru_cache(maxsize=1)
@@ -427,7 +431,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     ops, q, k, v, out = _prepare(fn, q, k, v, out)
     lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)
-    if _few_rows(max_seqlen_q, heads // kv_heads, max_seqlen_k) and not _dense_forced():
+    if _few_rows(max_seqlen_q, heads, kv_heads, hd, max_seqlen_k):
         _serving_module().dense_varlen(fn, ops, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, scale, causal, left, right,
                                        softcap)

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _args
-from . import (_check_cuda, _check_heads, _check_max_seqlens, _check_options,
-               _check_out_alias, _check_tensor, _kernel_layout, _ops_for, _rows_aligned)
+from . import (_check_cuda, _check_half, _check_heads, _check_max_seqlens,
+               _check_option_values, _check_options, _check_out_alias, _check_tensor,
+               _kernel_layout, _ops_for, _rows_aligned)
 
 _MAX_SPLITS = 128
 # A partition walks at least this many key tiles: below it the prologue (Q tile, first
@@ -422,7 +423,7 @@ def _check_q_and_cache(fn, q, layout: str, k_cache, v_cache, paged: bool, kv_cac
                        k_descale, v_descale) -> tuple[int, int, int, int]:
     """q (of ``layout``: "<n>-D [...]") against the caches and their format: (num_heads,
     num_kv_heads, head_dim, the cache's KvFormat)."""
-    _check_tensor("q", q, fn)
+    _check_half("q", q, fn)
     if q.dim() != int(layout[0]):
         raise ValueError(f"sm7x.fa2.{fn}: q must be {layout}, got shape {tuple(q.shape)}")
     heads, kv_heads, hd = _check_cache(fn, q, k_cache, v_cache, paged)
@@ -459,7 +460,7 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise ValueError(f"sm7x.fa2.{fn}: max_seqlen_k ({max_seqlen_k}) is larger than the "
                          f"cache holds per sequence ({capacity})")
     if out is not None:
-        _check_tensor("out", out, fn)
+        _check_half("out", out, fn)
         if out.shape != q.shape or out.device != q.device:
             raise ValueError(f"sm7x.fa2.{fn}: out must have q's shape {tuple(q.shape)} on "
                              f"{q.device}, got {tuple(out.shape)} on {out.device}")
@@ -469,6 +470,7 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     _check_plan_type(fn, scheduler_metadata)
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
+    _check_option_values(fn, scale, left, right, softcap)
     _check_cuda(fn, q)
     ops = _ops_for(q)
     for name, t in (("k_cache", k), ("v_cache", v)):
@@ -566,7 +568,7 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     seqlen_new = 0
     if k is not None:
         for name, t in (("k", k), ("v", v)):
-            _check_tensor(name, t, fn)
+            _check_half(name, t, fn)
             if t.dim() != 4 or t.shape[0] != batch or t.shape[2:] != k_cache.shape[2:]:
                 raise ValueError(f"sm7x.fa2.{fn}: {name} must be [batch={batch}, seqlen_new, "
                                  f"num_kv_heads={kv_heads}, head_dim={hd}], got "
@@ -608,6 +610,7 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     _check_plan_type(fn, scheduler_metadata)
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
+    _check_option_values(fn, scale, left, right, softcap)
     _check_cuda(fn, q)
     ops = _ops_for(q)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
