@@ -915,12 +915,24 @@ DENSE_MASKS = [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (True, (100, 0), 0
                (False, (37, 5), 0.0), (False, (-1, -1), 30.0)]
 
 
-def _spy_dense(monkeypatch) -> list:
+def _spy(monkeypatch, name: str = "dense") -> list:
+    """The shapes of q in the calls of sm7x.fa2._serving.<name> from now on."""
     from sm7x.fa2 import _serving
 
-    calls, real = [], _serving.dense
-    monkeypatch.setattr(_serving, "dense", lambda *a: (calls.append(a[2].shape), real(*a))[1])
+    calls, real = [], getattr(_serving, name)
+    monkeypatch.setattr(_serving, name, lambda *a: (calls.append(a[2].shape), real(*a))[1])
     return calls
+
+
+def _check_both_kernels(monkeypatch, what, call, ref, softcap) -> None:
+    """call() (out, lse, _) against the float32 reference ref, and its output against the
+    same call kept on the prefill kernel (SM7X_FA2_DENSE=prefill)."""
+    out, lse, _ = call()
+    monkeypatch.setenv("SM7X_FA2_DENSE", "prefill")
+    prefill = call()[0]
+    monkeypatch.delenv("SM7X_FA2_DENSE")
+    _compare(f"{TAG}{what}", out, lse, *ref, atol=ATOL_SOFTCAP if softcap else ATOL)
+    assert (out.float() - prefill.float()).abs().max().item() <= 2 * ATOL, what
 
 
 @pytest.mark.parametrize("d", sorted(set(fa2.COMPILED_HEAD_DIMS) | {40, 72}))
@@ -928,29 +940,15 @@ def _spy_dense(monkeypatch) -> list:
 def test_dense_few_rows_run_the_serving_kernel(sq, h, hk, d, monkeypatch):
     """Against the float32 reference and against the same call on the prefill kernel
     (SM7X_FA2_DENSE=prefill), over masks, windows and softcap; keys not a tile multiple."""
-    calls = _spy_dense(monkeypatch)
+    calls = _spy(monkeypatch)
     for i, (causal, window, softcap) in enumerate(DENSE_MASKS):
         b, sk, g = 3, 1000 + 37 * i, gen(400 + i)
         q, k, v = (randn(b, n, heads, d, g=g) for n, heads in ((sq, h), (sk, hk), (sk, hk)))
         kw = dict(causal=causal, window_size=window, softcap=softcap, return_attn_probs=True)
-        out, lse, _ = fa2.flash_attn_func(q, k, v, **kw)
-        monkeypatch.setenv("SM7X_FA2_DENSE", "prefill")
-        pout, plse, _ = fa2.flash_attn_func(q, k, v, **kw)
-        monkeypatch.delenv("SM7X_FA2_DENSE")
-        ro, rl = reference(q, k, v, d ** -0.5, causal, window, softcap)
-        tag = f"{TAG}dense few rows sq={sq} {h}/{hk} d={d} causal={causal} {window} {softcap}"
-        _compare(tag, out, lse, ro, rl, atol=ATOL_SOFTCAP if softcap else ATOL)
-        assert (out.float() - pout.float()).abs().max().item() <= 2 * ATOL, tag
+        _check_both_kernels(monkeypatch, f"dense few rows sq={sq} {h}/{hk} d={d} {kw}",
+                            lambda: fa2.flash_attn_func(q, k, v, **kw),
+                            reference(q, k, v, d ** -0.5, causal, window, softcap), softcap)
     assert len(calls) == len(DENSE_MASKS), "the few-rows calls did not reach the serving kernel"
-
-
-def _spy_dense_varlen(monkeypatch) -> list:
-    from sm7x.fa2 import _serving
-
-    calls, real = [], _serving.dense_varlen
-    monkeypatch.setattr(_serving, "dense_varlen",
-                        lambda *a: (calls.append(a[2].shape), real(*a))[1])
-    return calls
 
 
 @pytest.mark.parametrize("d", sorted(set(fa2.COMPILED_HEAD_DIMS) | {40}))
@@ -959,7 +957,7 @@ def test_dense_varlen_few_rows_run_the_serving_kernel(h, hk, d, monkeypatch):
     """flash_attn_varlen_func with 1-4 queries per sequence over 0-2000 keys (one sequence
     without keys, one with fewer keys than queries) against the float32 reference and
     against the prefill kernel, over masks, windows and softcap."""
-    calls = _spy_dense_varlen(monkeypatch)
+    calls = _spy(monkeypatch, "dense_varlen")
     for i, (causal, window, softcap) in enumerate(DENSE_MASKS):
         lq = [1, 4, 2, 1, 3]
         lk = [0, 3, 2000, 777, 1 + 61 * i]
@@ -969,21 +967,17 @@ def test_dense_varlen_few_rows_run_the_serving_kernel(h, hk, d, monkeypatch):
         q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
         args = (q, k, v, cu_seqlens(lq), cu_seqlens(lk), max(lq), max(lk))
         kw = dict(causal=causal, window_size=window, softcap=softcap, return_attn_probs=True)
-        out, lse, _ = fa2.flash_attn_varlen_func(*args, **kw)
-        monkeypatch.setenv("SM7X_FA2_DENSE", "prefill")
-        pout, _, _ = fa2.flash_attn_varlen_func(*args, **kw)
-        monkeypatch.delenv("SM7X_FA2_DENSE")
-        ro, rl = reference_seqs(qs, ks, vs, d ** -0.5, causal, window, softcap)
-        tag = f"{TAG}dense varlen few rows {h}/{hk} d={d} causal={causal} {window} {softcap}"
-        _compare(tag, out, lse, ro, rl, atol=ATOL_SOFTCAP if softcap else ATOL)
-        assert (out.float() - pout.float()).abs().max().item() <= 2 * ATOL, tag
+        _check_both_kernels(monkeypatch, f"dense varlen few rows {h}/{hk} d={d} {kw}",
+                            lambda: fa2.flash_attn_varlen_func(*args, **kw),
+                            reference_seqs(qs, ks, vs, d ** -0.5, causal, window, softcap),
+                            softcap)
     assert len(calls) == len(DENSE_MASKS), "the few-rows calls did not reach the serving kernel"
 
 
 def test_dense_calls_that_stay_on_the_prefill_kernel(monkeypatch):
     """More than 64 rows per kv head, no more keys than queries, and calls that need grad
     keep the prefill kernel (the serving kernel is forward-only); results still right."""
-    calls = _spy_dense(monkeypatch)
+    calls = _spy(monkeypatch)
     for sq, sk, h, hk, grad in ((65, 500, 4, 4, False), (9, 500, 64, 8, False),
                                 (16, 16, 8, 8, False), (1, 500, 8, 8, True)):
         g = gen(450)

@@ -432,6 +432,23 @@ def _check_q_and_cache(fn, q, layout: str, k_cache, v_cache, paged: bool, kv_cac
     return heads, kv_heads, hd, kv_format
 
 
+def _serving_call(fn, q, k_cache, v_cache, inputs, plan, softmax_scale, hd, causal,
+                  window_size, softcap):
+    """The last checks of a serving call before it plans, writes or launches: no grad, the
+    plan's type, the options (values too: an append must not run for a call the op would
+    refuse), a CUDA q, caches the kernels read in place. Returns (the op namespace, the
+    options as the op takes them)."""
+    check_no_grad(fn, *inputs)
+    _check_plan_type(fn, plan)
+    options = _check_options(fn, softmax_scale, hd, causal, window_size, softcap)
+    _check_option_values(fn, options[0], *options[2:])
+    _check_cuda(fn, q)
+    ops = _ops_for(q)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _cache_layout(fn, name, t)
+    return ops, options
+
+
 def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                  softmax_scale, causal, window_size, softcap, return_lse, block_table,
                  seqused_k, out, scheduler_metadata, k_descale=None, v_descale=None,
@@ -466,15 +483,9 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                              f"{q.device}, got {tuple(out.shape)} on {out.device}")
         _check_out_alias(fn, out, q=q, k_cache=k, v_cache=v, block_table=block_table,
                          seqused_k=seqused_k, cu_seqlens_q=cu_seqlens_q)
-    check_no_grad(fn, q, k, v)
-    _check_plan_type(fn, scheduler_metadata)
-    scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
-                                                         window_size, softcap)
-    _check_option_values(fn, scale, left, right, softcap)
-    _check_cuda(fn, q)
-    ops = _ops_for(q)
-    for name, t in (("k_cache", k), ("v_cache", v)):
-        _cache_layout(fn, name, t)
+    ops, (scale, causal, left, right, softcap) = _serving_call(
+        fn, q, k, v, (q, k, v), scheduler_metadata, softmax_scale, hd, causal, window_size,
+        softcap)
     q = _kernel_layout(q)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -606,15 +617,9 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     if num_splits < 0:
         raise ValueError(f"sm7x.fa2.{fn}: num_splits must be >= 0 (0: automatic), got "
                          f"{num_splits}")
-    check_no_grad(fn, q, k_cache, v_cache, k, v)
-    _check_plan_type(fn, scheduler_metadata)
-    scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
-                                                         window_size, softcap)
-    _check_option_values(fn, scale, left, right, softcap)
-    _check_cuda(fn, q)
-    ops = _ops_for(q)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _cache_layout(fn, name, t)
+    ops, (scale, causal, left, right, softcap) = _serving_call(
+        fn, q, k_cache, v_cache, (q, k_cache, v_cache, k, v), scheduler_metadata,
+        softmax_scale, hd, causal, window_size, softcap)
     if k is not None or rotary_cos is not None:
         positions = cache_seqlens.long()[:, None] + torch.arange(
             max(seqlen_new, sq), device=q.device)  # [B, max(Sn, Sq)]
