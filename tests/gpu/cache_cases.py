@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import itertools
 
+import torch
+
 from fa2_reference import gather_paged, random_lens, reference_seqs
+
+# what the serving and 8-bit tests share: the device, dtypes and tolerances (fa2_reference's
+# tolerance on outputs for fp16 inputs of randn scale; softcap's tanh adds a little)
+DEV = "cuda"
+F16 = torch.float16
+I32 = torch.int32
+ATOL = 4e-3
+ATOL_SOFTCAP = 5e-3
 
 DECODE_CASES = {
     # name: (cache lengths, num_heads, num_kv_heads, head_dim, page_size)

@@ -13,6 +13,21 @@ from fa2_reference import (
     check_mma_peak, check_occupancy_emulation, check_packed_qkv, check_serving_tile,
     check_softcap, check_varlen, check_window, report_worst)
 
+__all__ = [
+    "test_fwd_matches_reference",
+    "test_sliding_window",
+    "test_softcap",
+    "test_varlen",
+    "test_strided_inputs_from_packed_qkv",
+    "test_cuda_graph_capture_and_replay_on_a_side_stream",
+    "test_op_validation_messages",
+    "test_mma_peak_ceiling_loop",
+    "test_occupancy_emulation_caps_ctas_per_sm",
+    "test_serving_tile_is_the_tables",
+    "test_api_errors_come_from_the_op",
+    "test_zz_report_worst_errors",
+]
+
 # every compiled head dim, and dims that run padded on the next one up
 HEAD_DIMS = sorted(set(fa2.COMPILED_HEAD_DIMS) | {40, 72, 200})
 

@@ -33,18 +33,14 @@ import sm7x.ops  # noqa: E402
 from sm7x.fa2 import flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode  # noqa: E402
 from sm7x.fa2._serving import encode_int8_rows  # noqa: E402
 from cache_cases import (  # noqa: E402
-    DECODE_CASES, MIXES, SHAPES, WINDOW_SOFTCAP, mix_lengths, varlen_reference)
+    ATOL, ATOL_SOFTCAP, DECODE_CASES, DEV, F16, I32, MIXES, SHAPES, WINDOW_SOFTCAP, mix_lengths,
+    varlen_reference)
 from fa2_reference import (  # noqa: E402
     _compare, capture, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache,
     reference_seqs)
 
 pytestmark = pytest.mark.gpu
 
-DEV = "cuda"
-F16 = torch.float16
-I32 = torch.int32
-ATOL = 4e-3
-ATOL_SOFTCAP = 5e-3
 QUANT_ERR = {"max_abs_err_vs_fp16": 0.0, "bound": 0.0, "cases": 0}
 
 

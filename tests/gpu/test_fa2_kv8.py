@@ -37,18 +37,14 @@ TAG = f"{ARCH} "
 import sm7x.fa2 as fa2  # noqa: E402
 from sm7x.fa2 import flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode  # noqa: E402
 from cache_cases import (  # noqa: E402
-    DECODE_CASES, MIXES, SHAPES, WINDOW_SOFTCAP, mix_lengths, varlen_reference)
+    ATOL, ATOL_SOFTCAP, DECODE_CASES, DEV, F16, I32, MIXES, SHAPES, WINDOW_SOFTCAP, mix_lengths,
+    varlen_reference)
 from fa2_reference import (  # noqa: E402
     _compare, capture, cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache,
     reference_seqs, report_worst)
 
 pytestmark = pytest.mark.gpu
 
-DEV = "cuda"
-F16 = torch.float16
-I32 = torch.int32
-ATOL = 4e-3
-ATOL_SOFTCAP = 5e-3
 FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 MANTISSA = {"e4m3": 3, "e5m2": 2}
 QUANT_ERR: dict[str, dict] = {}  # per format: worst |out - out_fp16| and its bound

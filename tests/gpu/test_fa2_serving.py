@@ -33,6 +33,7 @@ TAG = f"{ARCH} "  # names the arch in the worst-error record
 import sm7x.fa2 as fa2  # noqa: E402
 from sm7x.fa2 import (  # noqa: E402
     flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode)
+from cache_cases import ATOL, ATOL_SOFTCAP, DEV, F16, I32  # noqa: E402
 from fa2_reference import (  # noqa: E402
     _compare, _record, apply_rotary, capture, ceil_div, contiguous_from_paged, cu_seqlens,
     gather_paged, gen, i32, packed_to_batched, paged_cache, paged_rows, random_lens, reference,
@@ -40,11 +41,6 @@ from fa2_reference import (  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-DEV = "cuda"
-F16 = torch.float16
-I32 = torch.int32
-ATOL = 4e-3  # fa2_reference's tolerance on outputs (fp16 inputs of randn scale)
-ATOL_SOFTCAP = 5e-3
 # a value error raised for a bad device-side value (block_table entry, key count)
 VALUE_ERRORS = (RuntimeError, ValueError)
 
