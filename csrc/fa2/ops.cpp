@@ -205,6 +205,14 @@ void launch(const char* op, const Tensor& q, const FwdParams& p) {
   FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
 }
 
+// A [batch, rows, heads, dim] (lead 2) or [rows, heads, dim] (lead 1) tensor's strides in
+// elements; batch 0 for the packed layout.
+void strides(const Tensor& t, int lead, int64_t& batch, int64_t& row, int64_t* head) {
+  batch = lead == 2 ? t.stride(0) : 0;
+  row = t.stride(lead - 1);
+  if (head != nullptr) *head = t.stride(lead);
+}
+
 // What both ops fill alike: pointers, strides (lead == 2: [batch, rows, heads, dim];
 // lead == 1: [rows, heads, dim]) and sizes. The caller adds the sequence lengths, the
 // LSE strides and the options.
@@ -219,19 +227,10 @@ FwdParams base_params(const char* op, const Tensor& q, const Tensor& k, const Te
   p.v = v.const_data_ptr();
   p.o = out.mutable_data_ptr();
   p.lse = static_cast<float*>(lse.mutable_data_ptr());
-  const int r = lead - 1;
-  p.q_batch_stride = lead == 2 ? q.stride(0) : 0;
-  p.k_batch_stride = lead == 2 ? k.stride(0) : 0;
-  p.v_batch_stride = lead == 2 ? v.stride(0) : 0;
-  p.o_batch_stride = lead == 2 ? out.stride(0) : 0;
-  p.q_row_stride = q.stride(r);
-  p.k_row_stride = k.stride(r);
-  p.v_row_stride = v.stride(r);
-  p.o_row_stride = out.stride(r);
-  p.q_head_stride = q.stride(r + 1);
-  p.k_head_stride = k.stride(r + 1);
-  p.v_head_stride = v.stride(r + 1);
-  p.o_head_stride = out.stride(r + 1);
+  strides(q, lead, p.q_batch_stride, p.q_row_stride, &p.q_head_stride);
+  strides(k, lead, p.k_batch_stride, p.k_row_stride, &p.k_head_stride);
+  strides(v, lead, p.v_batch_stride, p.v_row_stride, &p.v_head_stride);
+  strides(out, lead, p.o_batch_stride, p.o_row_stride, &p.o_head_stride);
   p.batch = static_cast<int>(batch);
   p.heads = c.heads;
   p.kv_heads = c.kv_heads;
@@ -383,27 +382,17 @@ BwdParams bwd_params(const char* op, const Tensor& dout, const Tensor& q, const 
   static_cast<FwdParams&>(p) = base_params(op, q, k, v, out, lse, c, batch, lead);
   FA2_CHECK(c.kv_heads <= 65535, op, "num_kv_heads (", c.kv_heads,
             ") must be at most 65535 (CUDA grid limit)");
-  const int r = lead - 1;
   p.dout = dout.const_data_ptr();
   p.dq = dq.mutable_data_ptr();
   p.dk = dk.mutable_data_ptr();
   p.dv = dv.mutable_data_ptr();
   p.dq_accum = static_cast<float*>(dq_accum.mutable_data_ptr());
   p.dsum = static_cast<float*>(dsum.mutable_data_ptr());
-  p.do_batch_stride = lead == 2 ? dout.stride(0) : 0;
-  p.dq_batch_stride = lead == 2 ? dq.stride(0) : 0;
-  p.dk_batch_stride = lead == 2 ? dk.stride(0) : 0;
-  p.dv_batch_stride = lead == 2 ? dv.stride(0) : 0;
-  p.acc_batch_stride = lead == 2 ? dq_accum.stride(0) : 0;
-  p.do_row_stride = dout.stride(r);
-  p.dq_row_stride = dq.stride(r);
-  p.dk_row_stride = dk.stride(r);
-  p.dv_row_stride = dv.stride(r);
-  p.acc_row_stride = dq_accum.stride(r);
-  p.do_head_stride = dout.stride(r + 1);
-  p.dq_head_stride = dq.stride(r + 1);
-  p.dk_head_stride = dk.stride(r + 1);
-  p.dv_head_stride = dv.stride(r + 1);
+  strides(dout, lead, p.do_batch_stride, p.do_row_stride, &p.do_head_stride);
+  strides(dq, lead, p.dq_batch_stride, p.dq_row_stride, &p.dq_head_stride);
+  strides(dk, lead, p.dk_batch_stride, p.dk_row_stride, &p.dk_head_stride);
+  strides(dv, lead, p.dv_batch_stride, p.dv_row_stride, &p.dv_head_stride);
+  strides(dq_accum, lead, p.acc_batch_stride, p.acc_row_stride, nullptr);  // heads: head_dim
   return p;
 }
 
@@ -729,19 +718,11 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   p.v = v_cache.const_data_ptr();
   p.o = out.mutable_data_ptr();
   p.lse = static_cast<float*>(lse.mutable_data_ptr());
-  const int r = qd - 3;  // q's token dim
-  p.q_batch_stride = varlen ? 0 : q.stride(0);
-  p.o_batch_stride = varlen ? 0 : out.stride(0);
-  p.q_row_stride = q.stride(r);
-  p.o_row_stride = out.stride(r);
-  p.q_head_stride = q.stride(r + 1);
-  p.o_head_stride = out.stride(r + 1);
-  p.k_batch_stride = k_cache.stride(0);
-  p.v_batch_stride = v_cache.stride(0);
-  p.k_row_stride = k_cache.stride(1);
-  p.v_row_stride = v_cache.stride(1);
-  p.k_head_stride = k_cache.stride(2);
-  p.v_head_stride = v_cache.stride(2);
+  strides(q, qd - 2, p.q_batch_stride, p.q_row_stride, &p.q_head_stride);
+  strides(out, qd - 2, p.o_batch_stride, p.o_row_stride, &p.o_head_stride);
+  // caches [num_blocks or batch_cache, page_size or seqlen, kv heads, dim]
+  strides(k_cache, 2, p.k_batch_stride, p.k_row_stride, &p.k_head_stride);
+  strides(v_cache, 2, p.v_batch_stride, p.v_row_stride, &p.v_head_stride);
   p.lse_batch_stride = varlen ? 0 : lse.stride(0);
   p.lse_head_stride = lse.stride(varlen ? 0 : 1);
   p.cu_seqlens_q = index_ptr(cu_seqlens_q);

@@ -177,6 +177,13 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> list[in
     return [int(p) for p in path.read_text().split()]
 
 
+def kill_left(pids: list[int]) -> None:
+    """SIGKILL whatever of pids still runs (a failed test must not leave builds behind)."""
+    for p in pids:
+        if alive(p):
+            os.kill(p, signal.SIGKILL)
+
+
 def gone(pids: list[int], timeout: float = 15) -> bool:
     deadline = time.monotonic() + timeout
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
@@ -201,9 +208,7 @@ def test_interrupted_build_ends_its_group_and_says_what_was_left(tree, tmp_path,
         assert not (tree / ".sm7x" / "build" / "work").exists() and not (tmp_path / "channel.partial").exists()
         assert {p.name for p in (tree / ".sm7x" / "build").iterdir()} <= {"build.log"}  # the log stays on purpose
     finally:
-        for p in pids:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
+        kill_left(pids)
 
 
 def test_killed_driver_takes_its_build_along_and_the_next_start_cleans(tree, tmp_path):
@@ -231,9 +236,7 @@ def test_killed_driver_takes_its_build_along_and_the_next_start_cleans(tree, tmp
         assert not work.exists() and not (tmp_path / "channel.partial").exists() and complete(out)
         assert nxt.returncode == 1 and "unknown variant file" in text  # and then it went on as usual
     finally:
-        for p in pids:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
+        kill_left(pids)
 
 
 def test_a_second_build_of_the_tree_is_refused_while_one_runs(tree, tmp_path):

@@ -203,3 +203,34 @@ int run_bwd_dq(const BwdParams& p, cudaStream_t stream) {
 }  // namespace detail
 }  // namespace fa2
 }  // namespace sm7x
+
+// An arch's backward kernels and launchers, written once: expanded inside namespace
+// sm7x::fa2::<arch> after its BwdMainOps / BwdDqOps, so the kernels' names (which the
+// tools and package tests read) carry the arch. SMEM_ALIGN: the alignment its shared
+// layout needs (WMMA tiles: 128 bytes; ldmatrix rows: 16).
+#define SM7X_FA2_BWD_KERNELS(SMEM_ALIGN)                                                     \
+  template <class C, int MODE>                                                              \
+  __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const BwdParams p) { \
+    extern __shared__ __align__(SMEM_ALIGN) unsigned char smem_raw[];                       \
+    detail::bwd_main_body<BwdMainOps<C, MODE>>(p, smem_raw);                                \
+  }                                                                                         \
+  template <class C>                                                                        \
+  __global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p) {       \
+    extern __shared__ __align__(SMEM_ALIGN) unsigned char smem_raw[];                       \
+    detail::bwd_dq_body<BwdDqOps<C>>(p, smem_raw);                                          \
+  }                                                                                         \
+  /* the kernels of each pass, for detail::run_bwd_main / run_bwd_dq */                     \
+  struct BwdKernels {                                                                       \
+    template <class C, int MODE>                                                            \
+    static auto main_kernel() { return bwd_kernel<C, MODE>; }                               \
+    template <class C>                                                                      \
+    static auto dq_kernel() { return bwd_dq_kernel<C>; }                                    \
+  };                                                                                        \
+  template <class C, class CDv = C>                                                         \
+  int run_bwd_main(const BwdParams& p, cudaStream_t stream) {                               \
+    return detail::run_bwd_main<BwdKernels, C, CDv>(p, stream);                             \
+  }                                                                                         \
+  template <class C>                                                                        \
+  int run_bwd_dq(const BwdParams& p, cudaStream_t stream) {                                 \
+    return detail::run_bwd_dq<BwdKernels, C>(p, stream);                                    \
+  }

@@ -406,35 +406,7 @@ struct BwdDqOps {
   }
 };
 
-template <class C, int MODE>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) bwd_kernel(const BwdParams p) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  detail::bwd_main_body<BwdMainOps<C, MODE>>(p, smem_raw);
-}
-
-template <class C>
-__global__ void __launch_bounds__(C::kDqThreads) bwd_dq_kernel(const BwdParams p) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  detail::bwd_dq_body<BwdDqOps<C>>(p, smem_raw);
-}
-
-// The kernels of each pass, for common/bwd_kernel.cuh's launchers.
-struct BwdKernels {
-  template <class C, int MODE>
-  static auto main_kernel() { return bwd_kernel<C, MODE>; }
-  template <class C>
-  static auto dq_kernel() { return bwd_dq_kernel<C>; }
-};
-
-template <class C, class CDv = C>
-int run_bwd_main(const BwdParams& p, cudaStream_t stream) {
-  return detail::run_bwd_main<BwdKernels, C, CDv>(p, stream);
-}
-
-template <class C>
-int run_bwd_dq(const BwdParams& p, cudaStream_t stream) {
-  return detail::run_bwd_dq<BwdKernels, C>(p, stream);
-}
+SM7X_FA2_BWD_KERNELS(128)
 
 }  // namespace sm70
 }  // namespace fa2
