@@ -16,6 +16,7 @@
 #include <torch/headeronly/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -44,6 +45,8 @@ namespace {
 
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
+
+std::atomic<bool> g_check_inputs{true};  // set_input_checks
 
 // "sm7x.fa2_sm75.<op>: <what>" (../core/check.h: no source path or line in messages)
 #define FA2_CHECK(cond, op, ...)                                          \
@@ -771,14 +774,17 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
 
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(op, q);
-  // The values the kernels read from the device are checked there first, except while a
-  // CUDA graph is being captured (no host sync possible; the kernels clamp every index).
-  bool checked = false;
-  int bad[4];
-  int err = validate_serving(p, stream, &checked, bad);
-  FA2_CHECK(err == 0, op, "input check failed: ", cuda_error_string(err));
-  if (checked && bad[0] != 0) fail_serving(op, bad, p);
-  err = sm7x::fa2::serving(p, stream);
+  // The values the kernels read from the device are checked there first (one sync), except
+  // while a CUDA graph is being captured or with the checks turned off (set_input_checks):
+  // the kernels clamp every index, so a bad value can only give a wrong answer.
+  if (g_check_inputs.load(std::memory_order_relaxed)) {
+    bool checked = false;
+    int bad[4];
+    const int err = validate_serving(p, stream, &checked, bad);
+    FA2_CHECK(err == 0, op, "input check failed: ", cuda_error_string(err));
+    if (checked && bad[0] != 0) fail_serving(op, bad, p);
+  }
+  const int err = sm7x::fa2::serving(p, stream);
   FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
 }
 
@@ -818,6 +824,12 @@ int64_t mma_peak_op(Tensor out, int64_t iters) {
   FA2_CHECK(err == 0, op, "CUDA kernel launch failed: ", cuda_error_string(err));
   return flop;
 }
+
+// Whether fwd_serving checks the device-side values (block_table entries, key counts,
+// cu_seqlens_q, cache_batch_idx / cache_leftpad, the plan) before it launches: a small
+// kernel and one stream sync per eager call. Engines that build those tensors themselves
+// turn it off (sm7x.fa2.set_input_checks).
+void set_input_checks_op(bool enabled) { g_check_inputs.store(enabled); }
 
 // The benchmark's occupancy emulation (fa2.h set_occupancy_emulation); 0, 0 turns it off.
 void set_occupancy_emulation_op(int64_t smem_per_sm, int64_t threads_per_sm) {
@@ -862,6 +874,7 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
   m.def("serving_tile(int device, int head_dim, int rows) -> (int, int, int)");
   m.def("mma_peak(Tensor(a!) out, int iters) -> int");
   m.def("set_occupancy_emulation(int smem_per_sm, int threads_per_sm) -> ()");
+  m.def("set_input_checks(bool enabled) -> ()");
 }
 
 // CPU too, only so that CPU tensors get the op's own message ("must be a CUDA tensor")
@@ -881,4 +894,5 @@ SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CompositeExplicitAutograd, m) {
   m.impl("serving_tile", TORCH_BOX(&sm7x::fa2::serving_tile_op));
   m.impl("bwd_supported", TORCH_BOX(&sm7x::fa2::bwd_supported_op));
   m.impl("set_occupancy_emulation", TORCH_BOX(&sm7x::fa2::set_occupancy_emulation_op));
+  m.impl("set_input_checks", TORCH_BOX(&sm7x::fa2::set_input_checks_op));
 }

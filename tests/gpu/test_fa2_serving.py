@@ -750,6 +750,28 @@ def test_block_table_entry_out_of_range_raises(api, bad):
 
 
 @pytest.mark.parametrize("api", ["varlen", "kvcache"])
+def test_input_checks_off_clamp_instead_of_raising(api):
+    """With sm7x.fa2.set_input_checks(False) (engines that build block tables themselves)
+    a bad entry is not refused: the kernels clamp it, so the call finishes with finite
+    output and no out-of-bounds access (compute-sanitizer: tests/gpu/sanitize.sh), and a
+    valid call afterwards is right; turned on again, the same call raises."""
+    lens, page, k_cache, v_cache, bt, q = _small_paged(seed=177)
+    broken = bt.clone()
+    broken[1, 3] = 2**31 - 1
+    assert fa2.input_checks()
+    fa2.set_input_checks(False)
+    try:
+        out = _paged_decode(api, q, k_cache, v_cache, broken, lens)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all()
+        _still_correct(api, q, k_cache, v_cache, bt, lens)
+    finally:
+        fa2.set_input_checks(True)
+    with pytest.raises(VALUE_ERRORS, match="block_table"):
+        _paged_decode(api, q, k_cache, v_cache, broken, lens)
+
+
+@pytest.mark.parametrize("api", ["varlen", "kvcache"])
 def test_block_table_entries_past_the_used_pages_are_not_checked(api):
     """Entries for pages past a sequence's length are padding (-1 or anything): not read,
     not rejected."""

@@ -4,6 +4,7 @@ loaded) and the per-call dispatch to a library through sm7x._select's rules."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -281,3 +282,31 @@ def test_max_seqlen_zero_with_tokens_is_refused(sq, sk, name):
     q, k, v, cq, ck = varlen()
     with pytest.raises(ValueError, match=f"{name} is 0 but . holds 20 tokens"):
         flash_attn_varlen_func(q, k, v, cq, ck, sq, sk)
+
+
+def test_input_checks_switch(monkeypatch):
+    """sm7x.fa2.set_input_checks: a bool, remembered for libraries loaded later, applied to
+    every loaded library's set_input_checks op (a library without the op is left alone)."""
+    from types import SimpleNamespace
+
+    calls = []
+    lib = SimpleNamespace(set_input_checks=calls.append)
+    fake_torch = SimpleNamespace(ops=SimpleNamespace(sm7x_fa2_sm75=lib, sm7x_fa2_sm70=object()))
+    monkeypatch.setattr(_loader, "_input_checks", [True])
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        fa2.set_input_checks("no")
+    fa2.set_input_checks(False)
+    assert fa2.input_checks() is False
+    _loader._apply_input_checks(fake_torch, "sm7x_fa2_sm75")
+    _loader._apply_input_checks(fake_torch, "sm7x_fa2_sm70")  # no op: nothing to call
+    fa2.set_input_checks(True)
+    _loader._apply_input_checks(fake_torch, "sm7x_fa2_sm75")
+    assert calls == [False, True]
+
+
+def test_input_checks_default_from_the_environment():
+    code = "import sm7x.fa2 as f; print(f.input_checks())"
+    for value, want in (("", "True"), ("0", "False"), ("off", "False"), ("1", "True")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "SM7X_FA2_CHECK_INPUTS": value}, check=True)
+        assert out.stdout.strip() == want, (value, out.stdout, out.stderr)

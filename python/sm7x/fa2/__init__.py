@@ -55,11 +55,13 @@ except ImportError as exc:
 
 from .. import _args, _select
 from . import _loader
+from ._loader import input_checks, set_input_checks
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
            "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "plan_decode",
-           "DecodePlan", "BackwardFallbackWarning", "MAX_HEAD_DIM", "COMPILED_HEAD_DIMS"]
+           "DecodePlan", "BackwardFallbackWarning", "MAX_HEAD_DIM", "COMPILED_HEAD_DIMS",
+           "set_input_checks", "input_checks"]
 
 MAX_HEAD_DIM = _targets.fa2_max_head_dim()
 COMPILED_HEAD_DIMS = _targets.fa2_head_dims("sm75")  # both libraries compile the same list
@@ -351,7 +353,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     differences of ``cu_seqlens_k``); ``max_seqlen_k`` bounds them. Several queries per
     sequence (chunked prefill, speculative verification) use bottom-right causal masking.
     ``out``: written in place when given. ``scheduler_metadata``: a :class:`DecodePlan`
-    from :func:`plan_decode` (no host sync, no workspace allocation: CUDA-graph capturable).
+    from :func:`plan_decode` (no planning, no workspace allocation: CUDA-graph capturable).
     8-bit caches: ``torch.float8_e4m3fn`` / ``float8_e5m2`` (or uint8 with
     ``kv_cache_dtype`` ``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``, vLLM's names) holding
     ``x / descale``; ``k_descale`` / ``v_descale``: float32, one value, one per kv head or

@@ -15,12 +15,14 @@ import logging
 import threading
 from pathlib import Path
 
-from .. import _libfile, _select
+from .. import _args, _libfile, _select
 
 log = logging.getLogger("sm7x")
 
 _lock = threading.Lock()
 _loaded: dict[str, Path] = {}  # arch -> path
+# the serving op's device-side input check, for every library loaded now or later
+_input_checks = [_args.env_flag("SM7X_FA2_CHECK_INPUTS", True)]
 _PROBE_OP = "fwd"
 
 
@@ -71,6 +73,38 @@ def _register_fakes(torch, namespace: str) -> None:
                 raise
 
 
+def set_input_checks(enabled: bool) -> None:
+    """Turns the serving calls' device-side input check on or off, in every FA2 library,
+    loaded or not (on unless ``SM7X_FA2_CHECK_INPUTS=0``). The check (block_table entries
+    inside the cache, key counts within the cache and the plan, cu_seqlens_q,
+    cache_batch_idx / cache_leftpad, the plan itself) runs a small kernel and waits for it:
+    one stream sync per eager call of flash_attn_varlen_func over a cache or
+    flash_attn_with_kvcache (none under CUDA-graph capture). Off, a bad value gives a
+    wrong answer but never an out-of-bounds access (the kernels clamp every index): for
+    engines that build those tensors themselves."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"sm7x.fa2.set_input_checks: enabled must be a bool, got "
+                        f"{type(enabled).__name__}")
+    with _lock:
+        _input_checks[0] = enabled
+        if _loaded:
+            import torch
+
+            for arch in _loaded:
+                _apply_input_checks(torch, f"sm7x_fa2_{arch}")
+
+
+def input_checks() -> bool:
+    """Whether the serving calls check their device-side inputs (set_input_checks)."""
+    return _input_checks[0]
+
+
+def _apply_input_checks(torch, namespace: str) -> None:
+    op = getattr(getattr(torch.ops, namespace), "set_input_checks", None)
+    if op is not None:  # a library older than the switch always checks
+        op(_input_checks[0])
+
+
 def load(selection: _select.Selection, device: _select.Device) -> str:
     """Loads the library of ``selection`` (or its fallback arch) once; returns the
     torch op namespace to call. Raises sm7x._select.MissingLibraryError when neither is
@@ -94,6 +128,7 @@ def load(selection: _select.Selection, device: _select.Device) -> str:
             if path is None:
                 if _registered(torch, namespace):  # loaded by hand (torch.ops.load_library)
                     _register_fakes(torch, namespace)
+                    _apply_input_checks(torch, namespace)
                     _loaded[arch] = Path(f"<{namespace} ops registered outside sm7x>")
                     return namespace
                 continue
@@ -113,6 +148,7 @@ def load(selection: _select.Selection, device: _select.Device) -> str:
                 log.info("sm7x: loaded %s for %s (compute capability %d.%d): %s", path,
                          device.describe(), major, minor, selection.reason)
             _register_fakes(torch, namespace)
+            _apply_input_checks(torch, namespace)
             _loaded[arch] = path
             return namespace
         raise _select.missing_library_error(selection, device, skipped)

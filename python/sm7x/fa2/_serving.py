@@ -8,14 +8,15 @@ over several CTAs whose fp32 partials a combine kernel merges by their LSE.
 
 The split plan is made on the host from shapes only (an upper bound of the key count, never
 the lengths on the device), so it is made once per batch shape: :func:`plan_decode`
-returns it with its workspace, and a call that receives it (``scheduler_metadata=``) does
-no host sync and allocates nothing but its output (nothing with ``out=``): it can be
+returns it with its workspace, and a call that receives it (``scheduler_metadata=``)
+plans nothing and allocates nothing but its output (nothing with ``out=``): it can be
 captured in a CUDA graph and replayed with new cache contents and lengths up to the bound.
 Without a plan each call plans (cached per shape) and allocates its workspace.
 
 Values on the device (block_table entries, lengths, cu_seqlens_q) are checked by the op
-with one small kernel and a 16-byte copy back, except while a CUDA graph is captured; the
-kernels clamp every index, so a bad value can never make them read out of bounds.
+with one small kernel and a 16-byte copy back (the one host sync of an eager call), except
+while a CUDA graph is captured or with :func:`sm7x.fa2.set_input_checks` off; the kernels
+clamp every index, so a bad value can never make them read out of bounds.
 """
 
 from __future__ import annotations

@@ -290,6 +290,9 @@ class Sm7xFlashAttentionImpl(AttentionImpl[Sm7xAttentionMetadata]):
                              f"num_kv_heads ({num_kv_heads})")
         if sliding_window is not None and sliding_window <= 0:
             raise ValueError(f"{what}: sliding_window must be > 0, got {sliding_window}")
+        # vLLM builds the block tables and lengths itself: no stream sync per eager
+        # attention call to check them, unless SM7X_CHECK_INDICES asks for the checks
+        fa2.set_input_checks(env_flag("SM7X_CHECK_INDICES", False))
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
