@@ -89,6 +89,13 @@ def fa2_head_dim_multiple() -> int:
     return int(load()["fa2"]["head_dim_multiple"])
 
 
+def fa2_serving_wide_rows() -> int:
+    """Serving calls with more query rows per sequence and kv head than this run the
+    serving kernel with the prefill tiles (fa2.kernels), others fa2.serving_kernels (the
+    library applies the rule: its serving_tile op)."""
+    return int(load()["fa2"]["serving_wide_rows"])
+
+
 def fa2_kernel(arch: str, head_dim: int, *, serving: bool = False) -> dict:
     """The kernel config (targets.json fa2.kernels entry, or fa2.serving_kernels with
     ``serving``) that runs ``head_dim`` on ``arch``: the smallest compiled head dim >= it.

@@ -10,13 +10,19 @@ import os
 import pytest
 
 
-def fa2_arch_or_skip() -> str:
-    """The arch of the library the tests exercise ("sm75" / "sm70"); call at module top."""
+def _torch_with_cuda_or_skip():
+    """torch, or a skip of the calling module without torch or a CUDA device."""
     from sm7x._targets import torch_min
 
     torch = pytest.importorskip("torch", reason=f"sm7x FA2 needs torch >= {torch_min()}")
     if not torch.cuda.is_available():
         pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+    return torch
+
+
+def fa2_arch_or_skip() -> str:
+    """The arch of the library the tests exercise ("sm75" / "sm70"); call at module top."""
+    _torch_with_cuda_or_skip()
     from fa2_reference import selected_arch
 
     arch, why = selected_arch()
@@ -29,11 +35,7 @@ def require_arch_or_skip(arch: str):
     """For a module that tests one library: skips it without torch, a CUDA device or that
     library, or on a GPU that does not run it natively unless SM7X_FA2_FORCE names it (its
     PTX then runs there). Returns torch."""
-    from sm7x._targets import torch_min
-
-    torch = pytest.importorskip("torch", reason=f"sm7x FA2 needs torch >= {torch_min()}")
-    if not torch.cuda.is_available():
-        pytest.skip("torch.cuda.is_available() is False: no CUDA device", allow_module_level=True)
+    torch = _torch_with_cuda_or_skip()
     from sm7x import _select, _targets
 
     if _select.library_path(arch) is None:

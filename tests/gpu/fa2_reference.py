@@ -408,12 +408,6 @@ def check_api_errors_come_from_the_op(arch):
     q.requires_grad_(False)
 
 
-def _wide_rows() -> int:
-    from sm7x import _targets
-
-    return int(_targets.load()["fa2"]["serving_wide_rows"])
-
-
 def check_serving_tile(arch):
     """serving_tile, the planner's view of the serving kernel, is the table's: up to
     fa2.serving_wide_rows packed rows per kv head the narrow serving tile, above it the
@@ -422,7 +416,7 @@ def check_serving_tile(arch):
     from sm7x import _targets
 
     ops = _library_ops()
-    dev, wide = torch.cuda.current_device(), _wide_rows()
+    dev, wide = torch.cuda.current_device(), _targets.fa2_serving_wide_rows()
     for d in range(16, _targets.fa2_max_head_dim() + 1, _targets.fa2_head_dim_multiple()):
         narrow, prefill = _targets.fa2_kernel(arch, d, serving=True), _targets.fa2_kernel(arch, d)
         big = prefill if prefill["block_m"] > narrow["block_m"] else narrow
@@ -448,7 +442,7 @@ def check_occupancy_emulation(arch):
     ops = _library_ops()
     assert ops.name == f"sm7x_fa2_{arch}"
     smem_cap, threads_cap = OCCUPANCY_CARDS["t4" if arch == "sm75" else "v100"]
-    dev, rows = torch.cuda.current_device(), _wide_rows() + 1
+    dev, rows = torch.cuda.current_device(), _targets.fa2_serving_wide_rows() + 1
 
     def ctas(d):
         return ops.serving_tile(dev, d, rows)[2]

@@ -39,7 +39,6 @@ This module imports torch; ``import sm7x`` does not import it.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 
@@ -316,14 +315,9 @@ def _few_rows(sq: int, heads: int, kv_heads: int, hd: int, sk: int) -> bool:
     or GQA ratio no kernel runs: the prefill op says why)."""
     if kv_heads <= 0 or heads % kv_heads or not 0 < hd <= MAX_HEAD_DIM or _dense_forced():
         return False
-    return 0 < sq * (heads // kv_heads) <= _dense_rows() and sk > sq
-
-
-@functools.lru_cache(maxsize=1)
-def _dense_rows() -> int:
-    """The rows the serving kernel's narrow tiles are for (targets.json
-    fa2.serving_wide_rows): more run its prefill tiles, which the prefill kernel matches."""
-    return int(_targets.load()["fa2"]["serving_wide_rows"])
+    # the rows the serving kernel's narrow tiles are for: more run its prefill tiles, which
+    # the prefill kernel matches
+    return 0 < sq * (heads // kv_heads) <= _targets.fa2_serving_wide_rows() and sk > sq
 
 
 def _dense_forced() -> bool:

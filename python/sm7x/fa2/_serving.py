@@ -260,9 +260,11 @@ def _check_index(fn: str, name: str, t, q, shape: tuple) -> None:
 KV_FORMATS = {torch.float16: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2, torch.int8: 3}
 KV_CACHE_DTYPES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2, "int8_per_token_head": 3}
 _CODE_DTYPES = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}
-INT8 = 3  # int8 codes with a scale per cached row and kv head: the scale caches ride in
-#           k_descale / v_descale ([num_blocks or batch_cache, page_size or seqlen_cache,
-#           num_kv_heads] float32, any strides)
+F16 = KV_FORMATS[torch.float16]
+# int8 codes with a scale per cached row and kv head: the scale caches ride in k_descale /
+# v_descale ([num_blocks or batch_cache, page_size or seqlen_cache, num_kv_heads] float32,
+# any strides)
+INT8 = KV_FORMATS[torch.int8]
 
 
 def scale_caches(fn: str, k_cache, kv_cache_dtype, k_descale, v_descale, k_scale_cache,
@@ -314,7 +316,7 @@ def _check_descales(fn: str, fmt: int, k_descale, v_descale) -> None:
         if d is not None and not isinstance(d, torch.Tensor):
             raise TypeError(f"sm7x.fa2.{fn}: {name} must be a float32 torch.Tensor or None, "
                             f"got {type(d).__name__}")
-        if d is not None and fmt == 0:
+        if d is not None and fmt == F16:
             raise ValueError(f"sm7x.fa2.{fn}: {name} applies to an 8-bit cache, but the cache "
                              f"is float16")
 
@@ -513,7 +515,7 @@ def dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap) -> No
          block_table=None, cache_batch_idx=None, leftpad=None, batch=q.shape[0],
          max_seqlen_q=q.shape[1], seqlen_k_bound=k.shape[1], seqused_add=0, scale=scale,
          causal=causal, left=left, right=right, softcap=softcap, num_splits=0, plan=None,
-         kv_format=0, k_descale=None, v_descale=None)
+         kv_format=F16, k_descale=None, v_descale=None)
 
 
 def dense_varlen(fn, ops, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -529,7 +531,7 @@ def dense_varlen(fn, ops, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
          block_table=None, cache_batch_idx=rows, leftpad=cu_k[:-1], batch=batch,
          max_seqlen_q=max_seqlen_q, seqlen_k_bound=max_seqlen_k, seqused_add=0, scale=scale,
          causal=causal, left=left, right=right, softcap=softcap, num_splits=0, plan=None,
-         kv_format=0, k_descale=None, v_descale=None)
+         kv_format=F16, k_descale=None, v_descale=None)
 
 
 def _rotary(x, cos, sin, pos, interleaved: bool):
