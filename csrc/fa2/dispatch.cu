@@ -38,37 +38,57 @@ int fwd_from(const FwdParams& p, cudaStream_t stream) {
   }
 }
 
+// The one rule for the serving kernel of compiled head dim D and `rows` packed query rows
+// per kv head (max_seqlen_q x GQA group): few rows run the decode kernel where this
+// library has one for D (fa2.decode_kernels), many rows the prefill tiles (serving_wide),
+// the rest the narrow serving tiles.
+enum class ServingKernel { kDecode, kNarrow, kWide };
+template <int D>
+ServingKernel serving_kernel(int rows) {
+  if (decode_compiled(D) && rows <= kDecodeRows) return ServingKernel::kDecode;
+  return rows > kServingWideRows ? ServingKernel::kWide : ServingKernel::kNarrow;
+}
+
+// A serving instantiation: its launcher and its tile (with resident CTAs per SM).
+struct ServingInstance {
+  int (*run)(const FwdParams&, cudaStream_t);
+  ServingTile (*tile)();
+};
+
+// The instantiation of kernel k of head dim D over a cache of format fmt (KvFormat): fp16,
+// fp8 codes (_kv8) or int8 with row scales (_int8).
+template <int D>
+ServingInstance serving_instance(ServingKernel k, int fmt) {
+  const int f = fmt == kKvInt8 ? 2 : fmt != kKvF16 ? 1 : 0;
+  if (k == ServingKernel::kDecode) {
+    if constexpr (decode_compiled(D)) {
+      constexpr ServingInstance decode[3] = {{run_decode<D>, tile_decode<D>},
+                                             {run_decode_kv8<D>, tile_decode_kv8<D>},
+                                             {run_decode_int8<D>, tile_decode_int8<D>}};
+      return decode[f];
+    }
+  }
+  constexpr ServingInstance narrow[3] = {{run_serving<D>, tile_serving<D>},
+                                         {run_serving_kv8<D>, tile_serving_kv8<D>},
+                                         {run_serving_int8<D>, tile_serving_int8<D>}};
+  constexpr ServingInstance wide[3] = {{run_serving_wide<D>, tile_serving_wide<D>},
+                                       {run_serving_wide_kv8<D>, tile_serving_wide_kv8<D>},
+                                       {run_serving_wide_int8<D>, tile_serving_wide_int8<D>}};
+  return k == ServingKernel::kWide ? wide[f] : narrow[f];
+}
+
+// The instance serving() runs for head_dim and `rows` (the first compiled head dim >= it,
+// from index I on); null members for a head dim no kernel covers.
 template <std::size_t I = 0>
-int serving_from(const FwdParams& p, bool wide, cudaStream_t stream) {
+ServingInstance serving_for(int head_dim, int rows, int fmt) {
   if constexpr (I == kNumHeadDims) {
-    return static_cast<int>(cudaErrorInvalidValue);
+    return {nullptr, nullptr};
   } else {
     constexpr int D = kCompiledHeadDims[I];
-    if (p.head_dim <= D) {
-      if (p.kv_format == kKvInt8)
-        return wide ? run_serving_wide_int8<D>(p, stream) : run_serving_int8<D>(p, stream);
-      if (p.kv_format != kKvF16)
-        return wide ? run_serving_wide_kv8<D>(p, stream) : run_serving_kv8<D>(p, stream);
-      return wide ? run_serving_wide<D>(p, stream) : run_serving<D>(p, stream);
-    }
-    return serving_from<I + 1>(p, wide, stream);
+    if (head_dim > D) return serving_for<I + 1>(head_dim, rows, fmt);
+    return serving_instance<D>(serving_kernel<D>(rows), fmt);
   }
 }
-
-template <std::size_t I = 0>
-ServingTile tile_from(int head_dim, bool wide) {
-  if constexpr (I == kNumHeadDims) {
-    return {0, 0, 0};
-  } else {
-    if (head_dim <= kCompiledHeadDims[I])
-      return wide ? tile_serving_wide<kCompiledHeadDims[I]>()
-                  : tile_serving<kCompiledHeadDims[I]>();
-    return tile_from<I + 1>(head_dim, wide);
-  }
-}
-
-// The one rule for the serving kernel: many query rows per kv head run the prefill tiles.
-bool serving_wide(int rows) { return rows > kServingWideRows; }
 
 template <std::size_t I = 0>
 int bwd_from(const BwdParams& p, cudaStream_t stream) {
@@ -107,12 +127,17 @@ int bwd(const BwdParams& p, cudaStream_t stream) {
   return bwd_all(p, stream);
 }
 
-ServingTile serving_tile(int head_dim, int rows) { return tile_from(head_dim, serving_wide(rows)); }
+ServingTile serving_tile(int head_dim, int rows, int kv_format) {
+  const ServingInstance k = serving_for(head_dim, rows, kv_format);
+  return k.tile != nullptr ? k.tile() : ServingTile{0, 0, 0};
+}
 
 int fwd(const FwdParams& p, cudaStream_t stream) { return fwd_from(p, stream); }
 
 int serving(const FwdParams& p, cudaStream_t stream) {
-  if (const int e = serving_from(p, serving_wide(p.seqlen_q * p.group), stream)) return e;
+  const ServingInstance k = serving_for(p.head_dim, p.seqlen_q * p.group, p.kv_format);
+  if (k.run == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  if (const int e = k.run(p, stream)) return e;
   return p.o_accum != nullptr ? run_combine(p, stream) : 0;
 }
 

@@ -145,11 +145,20 @@ template <int kHeadDim>
 int run_serving_int8(const FwdParams& p, cudaStream_t stream);
 template <int kHeadDim>
 int run_serving_wide_int8(const FwdParams& p, cudaStream_t stream);
+// The decode kernel (sm75/decode_kernel.cuh; fa2.decode_kernels.<arch>, kHasDecode): keys
+// on the MMA's M dimension, at most kDecodeRows packed query rows per CTA. Serving calls
+// with that few rows per kv head run it instead of run_serving*.
+constexpr int kDecodeRows = 8;
+template <int kHeadDim>
+int run_decode(const FwdParams& p, cudaStream_t stream);
+template <int kHeadDim>
+int run_decode_kv8(const FwdParams& p, cudaStream_t stream);
+template <int kHeadDim>
+int run_decode_int8(const FwdParams& p, cudaStream_t stream);
 int serving(const FwdParams& p, cudaStream_t stream);
-// The tile of each fp16 serving instantiation and its resident CTAs per SM on the current
-// device (0 on error). The split planner reads serving_tile, so the rule that picks the
-// kernel (serving_wide_rows) lives in the library only; the 8-bit kernels run the same
-// tiles.
+// The tile of each serving instantiation and its resident CTAs per SM on the current device
+// (0 on error). The split planner reads serving_tile, so the rule that picks the kernel
+// (dispatch.cu serving_kernel) lives in the library only.
 struct ServingTile {
   int block_m, block_n, ctas_per_sm;
 };
@@ -157,9 +166,24 @@ template <int kHeadDim>
 ServingTile tile_serving();
 template <int kHeadDim>
 ServingTile tile_serving_wide();
+template <int kHeadDim>
+ServingTile tile_serving_kv8();
+template <int kHeadDim>
+ServingTile tile_serving_wide_kv8();
+template <int kHeadDim>
+ServingTile tile_serving_int8();
+template <int kHeadDim>
+ServingTile tile_serving_wide_int8();
+template <int kHeadDim>
+ServingTile tile_decode();
+template <int kHeadDim>
+ServingTile tile_decode_kv8();
+template <int kHeadDim>
+ServingTile tile_decode_int8();
 // The tile serving() runs for `rows` query rows per sequence and kv head (max_seqlen_q x
-// GQA group) at head_dim; block_m 0 for a head dim no kernel covers.
-ServingTile serving_tile(int head_dim, int rows);
+// GQA group) at head_dim over a cache of kv_format (KvFormat); block_m 0 for a head dim no
+// kernel covers.
+ServingTile serving_tile(int head_dim, int rows, int kv_format);
 // Merges the split partials of the sequences with several partitions (serving.cu).
 int run_combine(const FwdParams& p, cudaStream_t stream);
 

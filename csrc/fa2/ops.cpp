@@ -789,17 +789,21 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
 }
 
 // The serving kernel serving() runs for `rows` query rows per sequence and kv head at
-// head_dim on `device`: (block_m, block_n, resident CTAs per SM), which the split planner
-// reads instead of deriving the choice again.
+// head_dim over a cache of kv_format on `device`: (block_m, block_n, resident CTAs per SM),
+// which the split planner reads instead of deriving the choice again.
 std::tuple<int64_t, int64_t, int64_t> serving_tile_op(int64_t device, int64_t head_dim,
-                                                      int64_t rows) {
+                                                      int64_t rows, int64_t kv_format) {
   const char* op = "serving_tile";
   FA2_CHECK(head_dim > 0 && head_dim <= kMaxHeadDim, op, "head_dim must be in [1, ",
             kMaxHeadDim, "], got ", head_dim);
   FA2_CHECK(rows >= 0, op, "rows must be >= 0, got ", rows);
+  FA2_CHECK(kv_format >= kKvF16 && kv_format <= kKvInt8, op, "kv_format must be 0 (float16), "
+            "1 (fp8 e4m3), 2 (fp8 e5m2) or 3 (int8 with row scales), got ", kv_format);
   torch::stable::accelerator::DeviceGuard guard(static_cast<int32_t>(device));
-  const ServingTile t = sm7x::fa2::serving_tile(static_cast<int>(head_dim),
-                                                static_cast<int>(std::min<int64_t>(rows, std::numeric_limits<int>::max())));
+  const ServingTile t = sm7x::fa2::serving_tile(
+      static_cast<int>(head_dim),
+      static_cast<int>(std::min<int64_t>(rows, std::numeric_limits<int>::max())),
+      static_cast<int>(kv_format));
   return {t.block_m, t.block_n, t.ctas_per_sm};
 }
 
@@ -871,7 +875,7 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
       "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
       "bool deterministic) -> ()");
   m.def("bwd_supported(int head_dim) -> bool");
-  m.def("serving_tile(int device, int head_dim, int rows) -> (int, int, int)");
+  m.def("serving_tile(int device, int head_dim, int rows, int kv_format) -> (int, int, int)");
   m.def("mma_peak(Tensor(a!) out, int iters) -> int");
   m.def("set_occupancy_emulation(int smem_per_sm, int threads_per_sm) -> ()");
   m.def("set_input_checks(bool enabled) -> ()");

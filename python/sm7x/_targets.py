@@ -107,3 +107,12 @@ def fa2_kernel(arch: str, head_dim: int, *, serving: bool = False) -> dict:
     raise KeyError(f"no {arch} FA2 kernel runs head_dim {head_dim}")
 
 
+def fa2_decode_kernel(arch: str, head_dim: int) -> dict | None:
+    """The decode kernel entry (fa2.decode_kernels) of the compiled head dim that runs
+    ``head_dim`` on ``arch``, or None where that head dim decodes on the narrow serving
+    kernel (not listed, or an arch without the table)."""
+    d = fa2_kernel(arch, head_dim)["head_dim"]
+    table = load()["fa2"].get("decode_kernels", {}).get(arch, [])
+    return next((dict(k) for k in table if k["head_dim"] == d), None)
+
+

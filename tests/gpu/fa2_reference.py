@@ -7,12 +7,19 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 
 WORST: dict[str, float] = {}
+
+# Packed query rows per CTA of the decode kernel (the MMA's N), read from the source that
+# defines it.
+DECODE_ROWS = int(re.search(r"constexpr int kDecodeRows = (\d+);",
+                            (Path(__file__).resolve().parents[2] / "csrc/fa2/fa2.h").read_text())[1])
 
 
 def _record(key: str, err: float) -> None:
@@ -410,23 +417,31 @@ def check_api_errors_come_from_the_op(arch):
 
 def check_serving_tile(arch):
     """serving_tile, the planner's view of the serving kernel, is the table's: up to
-    fa2.serving_wide_rows packed rows per kv head the narrow serving tile, above it the
+    8 packed rows per kv head the decode kernel where fa2.decode_kernels lists the head dim
+    (8 rows per CTA), then up to fa2.serving_wide_rows the narrow serving tile, above it the
     prefill tile where that has more rows (else the narrow kernel runs), resident CTAs > 0;
-    head dims between compiled ones run the next one up; out-of-range arguments are refused."""
+    head dims between compiled ones run the next one up; every cache format (kv_format: the
+    same tiles, each kernel's own resident CTAs); out-of-range arguments are refused."""
     from sm7x import _targets
+    from sm7x.fa2._serving import FORMAT_NAMES
 
     ops = _library_ops()
     dev, wide = torch.cuda.current_device(), _targets.fa2_serving_wide_rows()
     for d in range(16, _targets.fa2_max_head_dim() + 1, _targets.fa2_head_dim_multiple()):
         narrow, prefill = _targets.fa2_kernel(arch, d, serving=True), _targets.fa2_kernel(arch, d)
         big = prefill if prefill["block_m"] > narrow["block_m"] else narrow
-        for rows, want in ((0, narrow), (1, narrow), (wide, narrow), (wide + 1, big), (1 << 40, big)):
-            bm, bn, ctas = ops.serving_tile(dev, d, rows)
-            assert (bm, bn) == (want["block_m"], want["block_n"]), (d, rows, bm, bn, want)
-            assert ctas >= 1, (d, rows, ctas)
-    for bad, match in (((dev, 0, 1), "head_dim must be in"),
-                       ((dev, _targets.fa2_max_head_dim() + 1, 1), "head_dim must be in"),
-                       ((dev, 64, -1), "rows must be >= 0")):
+        decode = _targets.fa2_decode_kernel(arch, d)
+        few = narrow if decode is None else dict(decode, block_m=DECODE_ROWS)
+        for rows, want in ((0, few), (1, few), (DECODE_ROWS, few), (DECODE_ROWS + 1, narrow),
+                           (wide, narrow), (wide + 1, big), (1 << 40, big)):
+            for fmt in FORMAT_NAMES:
+                bm, bn, ctas = ops.serving_tile(dev, d, rows, fmt)
+                assert (bm, bn) == (want["block_m"], want["block_n"]), (d, rows, fmt, bm, bn, want)
+                assert ctas >= 1, (d, rows, fmt, ctas)
+    for bad, match in (((dev, 0, 1, 0), "head_dim must be in"),
+                       ((dev, _targets.fa2_max_head_dim() + 1, 1, 0), "head_dim must be in"),
+                       ((dev, 64, -1, 0), "rows must be >= 0"),
+                       ((dev, 64, 1, 4), "kv_format must be 0 .float16.")):
         with pytest.raises(RuntimeError, match=match):
             ops.serving_tile(*bad)
 
@@ -445,7 +460,7 @@ def check_occupancy_emulation(arch):
     dev, rows = torch.cuda.current_device(), _targets.fa2_serving_wide_rows() + 1
 
     def ctas(d):
-        return ops.serving_tile(dev, d, rows)[2]
+        return ops.serving_tile(dev, d, rows, 0)[2]  # the fp16 kernel
 
     free = {d: ctas(d) for d in _targets.fa2_head_dims(arch)}
     try:

@@ -263,7 +263,7 @@ def test_cuda_graph_with_plan_reads_new_codes_and_scales():
     kc, vc, ks, vs, _, _ = int8_cache(k16, v16, "vllm-hnd")
     q = torch.randn(4, 1, h, d, device=DEV, dtype=F16, generator=gen(31))
     lens_t = i32(lens)
-    plan = plan_decode(4, 1, bt.shape[1] * 16, h, hk, d)
+    plan = plan_decode(4, 1, bt.shape[1] * 16, h, hk, d, kv_cache_dtype="int8_per_token_head")
     out = torch.empty_like(q)
 
     def call():

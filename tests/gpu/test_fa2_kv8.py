@@ -385,7 +385,7 @@ def test_cuda_graph_with_plan_reads_new_cache_and_descales(fmt):
     kc, kd, _ = quantize(k16, fmt)
     vc, vd, _ = quantize(v16, fmt)
     lens_t = i32(lens)
-    plan = plan_decode(4, 1, bt.shape[1] * 16, 8, 2, 128)
+    plan = plan_decode(4, 1, bt.shape[1] * 16, 8, 2, 128, kv_cache_dtype=kc.dtype)
     out = torch.empty_like(q)
 
     def call():

@@ -35,9 +35,9 @@ from sm7x.fa2 import (  # noqa: E402
     flash_attn_varlen_func, flash_attn_with_kvcache, plan_decode)
 from cache_cases import ATOL, ATOL_SOFTCAP, DEV, F16, I32  # noqa: E402
 from fa2_reference import (  # noqa: E402
-    _compare, _record, apply_rotary, capture, ceil_div, contiguous_from_paged, cu_seqlens,
-    gather_paged, gen, i32, packed_to_batched, paged_cache, paged_rows, random_lens, reference,
-    reference_seqs, report_worst, rotary_tables)
+    DECODE_ROWS, _compare, _record, apply_rotary, capture, ceil_div, contiguous_from_paged,
+    cu_seqlens, gather_paged, gen, i32, packed_to_batched, paged_cache, paged_rows, random_lens,
+    reference, reference_seqs, report_worst, rotary_tables)
 
 pytestmark = pytest.mark.gpu
 
@@ -270,6 +270,54 @@ def test_varlen_paged_window_and_softcap(window, softcap, causal):
     ro, rl = _varlen_paged_ref(sqs, sks, q, k_cache, v_cache, bt, d ** -0.5, causal, window,
                                softcap)
     _compare(f"{TAG}varlen paged window/softcap", out, lse, ro, rl,
+             atol=ATOL_SOFTCAP if softcap else ATOL)
+
+
+# Few rows per kv head (max_seqlen_q x group <= the decode kernel's rows, where the arch
+# has one): several tokens of a small group share the decode kernel's 8 columns, so its
+# masks see token r // group; the split partials and every decode head dim.
+FEW_ROWS = [  # (query tokens per sequence, num_heads, num_kv_heads)
+    ([1, 1, 1], 8, 1), ([2, 1, 2], 8, 2), ([4, 3, 1], 8, 4), ([8, 5, 1], 4, 4),
+    ([1, 1], 32, 8), ([3, 2], 2, 1)]
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 7])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("d", sorted(set(fa2.COMPILED_HEAD_DIMS) | {40}))
+@pytest.mark.parametrize("few", range(len(FEW_ROWS)))
+def test_varlen_paged_few_rows(few, d, causal, num_splits):
+    sqs, h, hk = FEW_ROWS[few]
+    assert max(sqs) * (h // hk) <= DECODE_ROWS
+    page = (16, 32, 64)[few % 3]
+    sks = [n + p for n, p in zip(sqs, (700, 17, 2049))]
+    k_cache, v_cache, bt = paged_cache(sks, page, hk, d, seed=few + d)
+    q = randn(sum(sqs), h, d, g=gen(few + d + 1))
+    plan = plan_decode(len(sqs), max(sqs), max(sks), h, hk, d, device=q.device,
+                       num_splits=num_splits)
+    out, lse, _ = flash_attn_varlen_func(
+        q, k_cache, v_cache, cu_seqlens(sqs), None, max(sqs), max(sks), causal=causal,
+        return_attn_probs=True, block_table=bt, seqused_k=i32(sks), scheduler_metadata=plan)
+    ro, rl = _varlen_paged_ref(sqs, sks, q, k_cache, v_cache, bt, d ** -0.5, causal)
+    _compare(f"{TAG}varlen paged few rows d={d}", out, lse, ro, rl)
+
+
+@pytest.mark.parametrize("window, softcap, causal", [
+    ((256, 0), 0.0, True), ((100, -1), 0.0, False), ((-1, -1), 30.0, True),
+    ((64, 0), 30.0, True), ((5, 3), 0.0, False)])
+def test_varlen_paged_few_rows_window_and_softcap(window, softcap, causal):
+    h, hk, d, page = 8, 4, 128, 16
+    sqs = [2, 1, 2]
+    sks = [n + p for n, p in zip(sqs, (300, 0, 1500))]
+    k_cache, v_cache, bt = paged_cache(sks, page, hk, d, seed=91)
+    q = randn(sum(sqs), h, d, g=gen(92)) * (3 if softcap else 1)
+    out, lse, _ = flash_attn_varlen_func(
+        q, k_cache, v_cache, cu_seqlens(sqs), None, max(sqs), max(sks), causal=causal,
+        window_size=window, softcap=softcap, return_attn_probs=True, block_table=bt,
+        seqused_k=i32(sks),
+        scheduler_metadata=plan_decode(3, 2, max(sks), h, hk, d, device=q.device, num_splits=3))
+    ro, rl = _varlen_paged_ref(sqs, sks, q, k_cache, v_cache, bt, d ** -0.5, causal, window,
+                               softcap)
+    _compare(f"{TAG}varlen paged few rows window/softcap", out, lse, ro, rl,
              atol=ATOL_SOFTCAP if softcap else ATOL)
 
 
@@ -684,6 +732,10 @@ def test_plan_shape_mismatch_raises():
     with pytest.raises(ValueError, match=match):
         flash_attn_with_kvcache(q4[:-1], k_cache, v_cache, cache_seqlens=i32(lens[:-1]),
                                 block_table=bt[:-1], scheduler_metadata=plan)
+    # a plan is made for one cache format: the kernel of each fills the GPU differently
+    with pytest.raises(ValueError, match=r"kv_cache_dtype: plan 'float16', call 'fp8_e5m2'"):
+        flash_attn_with_kvcache(q4, k_cache.to(torch.float8_e5m2), v_cache.to(torch.float8_e5m2),
+                                cache_seqlens=i32(lens), block_table=bt, scheduler_metadata=plan)
 
 
 def test_plan_max_seqlen_k_smaller_than_the_call_raises():

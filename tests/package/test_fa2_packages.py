@@ -164,7 +164,8 @@ def expected_kernels(arch: str, fa2: dict) -> dict[tuple, dict]:
     """(head_dim, block_m, block_n, serving, kv_read) -> its table entry: the prefill
     kernels (fa2.kernels), the narrow serving ones (fa2.serving_kernels) and the wide
     serving ones (fa2.kernels' tiles, where they have more rows than the narrow tile of
-    that head dim; elsewhere the narrow kernel runs those calls). kv_read (fa2.h KvRead,
+    that head dim; elsewhere the narrow kernel runs those calls), and the decode kernels
+    (fa2.decode_kernels, DECODE_ROWS rows). kv_read (fa2.h KvRead,
     sm7x_tools.kernels.KV_READ): each serving kernel over fp16, fp8 and int8 caches."""
     narrow_bm = {e["head_dim"]: e["block_m"] for e in fa2["serving_kernels"][arch]}
     want = {}
@@ -176,6 +177,9 @@ def expected_kernels(arch: str, fa2: dict) -> dict[tuple, dict]:
     for e in fa2["serving_kernels"][arch]:
         for kv in kernels.KV_READ:
             want[(e["head_dim"], e["block_m"], e["block_n"], True, kv)] = e
+    for e in fa2.get("decode_kernels", {}).get(arch, []):  # DECODE_ROWS rows: no clash
+        for kv in kernels.KV_READ:
+            want[(e["head_dim"], kernels.DECODE_ROWS, e["block_n"], True, kv)] = e
     return want
 
 
@@ -214,8 +218,9 @@ def kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list
             found.setdefault(key, []).append(name)
     problems = []
     for key, e in expected_kernels(arch, fa2).items():
+        kind = "decode" if key[1] == kernels.DECODE_ROWS else "serving"
         what = (f"{arch} d={key[0]} {key[1]}x{key[2]} "
-                f"{'serving' + kernels.KV_READ[key[4]] if key[3] else 'prefill'}")
+                f"{kind + kernels.KV_READ[key[4]] if key[3] else 'prefill'}")
         names = found.pop(key, [])
         if len(names) != 1:
             problems.append(f"{what}: {len(names)} kernels in the library, want 1")
@@ -255,7 +260,8 @@ def test_static_tile_analysis_of_the_shipped_sass(env, arch):
     tile loop, so its per-tile shared-memory bytes and occupancy can be trusted."""
     fa2 = fa2_table(env)
     stats = kernels.analyse(lib(env, arch), fa2, cuda_bin=str(env.prefix / "bin"))
-    kinds = {"prefill": 0, **{"serving" + label: kv for kv, label in kernels.KV_READ.items()}}
+    kinds = {"prefill": 0, **{kind + label: kv for kv, label in kernels.KV_READ.items()
+                              for kind in ("serving", "decode")}}
     stats = [s for s in stats if s.kind in kinds]  # backward: below
     found = {(s.head_dim, s.block_m, s.block_n, s.serving, kinds[s.kind]) for s in stats}
     assert found == set(expected_kernels(arch, fa2)), found

@@ -272,8 +272,9 @@ def test_references_agree_with_sdpa():
 
 
 class _Plan:
-    def __init__(self, batch):
+    def __init__(self, batch, kv_cache_dtype=None):
         self.num_splits = torch.full((batch,), 3, dtype=torch.int32)
+        self.kv_cache_dtype = kv_cache_dtype
 
 
 def _fake_paged(q, kc, vc, cu_q, bt, seqused):
@@ -295,15 +296,16 @@ def fake_api(monkeypatch):
     calls = []
 
     def plan_decode(batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_kv_heads, head_dim,
-                    *, device=None, num_splits=0):
+                    *, device=None, num_splits=0, kv_cache_dtype=None):
         calls.append(("plan", batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_kv_heads,
-                      head_dim))
-        return _Plan(batch_size)
+                      head_dim) + ((kv_cache_dtype,) if kv_cache_dtype else ()))
+        return _Plan(batch_size, kv_cache_dtype)
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, block_table=None,
                seqused_k=None, out=None, scheduler_metadata=None, k_descale=None,
                v_descale=None, kv_cache_dtype=None):
         assert cu_k is None and causal and isinstance(scheduler_metadata, _Plan)
+        assert scheduler_metadata.kv_cache_dtype == kv_cache_dtype  # a plan per cache format
         if kv_cache_dtype is not None:  # an 8-bit cache: codes * descale, as the kernels read
             calls.append(("kv8", kv_cache_dtype, k.dtype))
             assert k.dtype == D.KV8_TORCH_DTYPES[kv_cache_dtype] == v.dtype
@@ -502,7 +504,8 @@ def test_decode_row_8bit_on_cpu(fake_api):
     row = _decode_row_kv8(fake_api, ("fp8_e4m3", "fp8_e5m2"))
     assert ("kv8", "fp8_e4m3", torch.float8_e4m3fn) in fake_api
     assert ("kv8", "fp8_e5m2", torch.float8_e5m2) in fake_api
-    assert sum(c[0] == "plan" for c in fake_api) == 1  # the plan is reused
+    # one plan per cache format: fp16's, then each 8-bit format's
+    assert [c[7:] for c in fake_api if c[0] == "plan"] == [(), ("fp8_e4m3",), ("fp8_e5m2",)]
     assert row["sm7x_us"] > 0 and not row["notes"], row["notes"]
     for fmt in ("fp8_e4m3", "fp8_e5m2"):
         p = f"sm7x_{fmt}"
@@ -583,7 +586,7 @@ def test_prefill_row_8bit_on_cpu(fake_api, monkeypatch):
     row = D._prefill_row(2, _args(kv8=("fp8_e4m3",)), baselines, 10 * GiB, gen, "cpu")
     kv8_calls = {c for c in fake_api if c[0] == "kv8"}
     assert kv8_calls == {("kv8", "fp8_e4m3", torch.float8_e4m3fn)}
-    assert sum(c[0] == "plan" for c in fake_api) == 1  # the plan is reused
+    assert [c[7:] for c in fake_api if c[0] == "plan"] == [(), ("fp8_e4m3",)]  # one per format
     assert row["sm7x_timing"] == "graph" and row["sm7x_fp8_e4m3_timing"] == "graph"
     assert row["sm7x_fp8_e4m3_tflops"] > 0
     assert row["sm7x_fp8_e4m3_time_ratio"] == pytest.approx(

@@ -333,6 +333,8 @@ def _plan_error(match, **changes):
     (dict(batch_size=-1), "batch_size"),
     (dict(max_seqlen_k=-1), "max_seqlen_k"),
     (dict(max_seqlen_q=-1), "max_seqlen_q"),
+    (dict(kv_cache_dtype="bf16"), "kv_cache_dtype must be None, 'auto', one of 'fp8'"),
+    (dict(kv_cache_dtype=torch.bfloat16), "kv_cache_dtype .*got torch.bfloat16"),
 ], ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else "")
 def test_plan_decode_argument_errors(changes, match):
     _plan_error(match, **changes)

@@ -52,6 +52,16 @@ def test_kernel_threads_follow_the_warp_rows_of_the_name():
     assert kernels.kernel_threads(old) == 256
 
 
+def test_decode_kernel_names():
+    # sm75/decode_kernel.cuh: decode_kernel<DecodeConfig<head_dim, block_n>, KvRead>, one warp
+    name = "_ZN4sm7x3fa24sm7513decode_kernelINS1_12DecodeConfigILi128ELi16EEELi{}EEEvNS0_9FwdParamsE"
+    for read in (0, 1, 2):
+        assert kernels.kernel_key(name.format(read)) == (128, kernels.DECODE_ROWS, 16, True, read)
+        assert kernels.is_decode(name.format(read)) and kernels.kernel_threads(name.format(read)) == 32
+    fwd = "_ZN4sm7x3fa24sm7510fwd_kernelINS1_9FwdConfigILi128ELi16ELi16ELNS0_10KvPrefetchE1ELb1ELi16ELi1EEELb1ELi1EEEvNS0_9FwdParamsE"
+    assert kernels.kernel_key(fwd) == (128, 16, 16, True, 1) and not kernels.is_decode(fwd)
+
+
 def test_kernel_threads_count_the_dim_split_of_the_name():
     # sm75 d=256 64x32, 16 rows per warp, two warps per row slice (dim_split 2): 8 warps
     name = "_ZN4sm7x3fa24sm7510fwd_kernelINS1_9FwdConfigILi256ELi64ELi32ELNS0_10KvPrefetchE2ELb1ELi16ELi{}EEELb0EEEvNS0_9FwdParamsE"

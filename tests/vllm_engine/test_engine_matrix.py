@@ -14,7 +14,9 @@ written by models.py, float16, token-id prompts (no tokenizer). Each model is ru
   requests' decodes; then a second round whose prompts share prefixes with the first
   (prefix-cache hits, checked through vLLM's ``num_cached_tokens``);
 - and Llama d128 once more with ngram speculative decoding (verification batches of 1 + 3
-  queries per request, captured as full graphs).
+  queries per request, captured as full graphs);
+- and with 8-bit KV caches (``kv_cache_dtype`` fp8, fp8_e5m2, int8_per_token_head: Llama
+  d128 and d64 on sm75, d128 on sm70, CUDA graphs) against TRITON_ATTN over the same format.
 
 Needs a CUDA GPU, vLLM and sm7x installed where vLLM sees its entry points (``pip install
 --no-deps -e .`` in vLLM's environment, or the conda packages), transformers to write the
@@ -71,8 +73,16 @@ VARIANTS = {
     "sm70-graphs": ("sm70", {}),
     "sm70-eager": ("sm70", {"enforce_eager": True}),
 }
-CASES = [(m, v) for m in MODELS for v in VARIANTS] + [("llama-d128", "sm75-ngram"),
-                                                      ("llama-d128", "sm70-ngram")]
+# 8-bit KV caches (--kv-cache-dtype), against TRITON_ATTN over the same format: both
+# engines quantize their own cache, so the two read the same codes. The GQA-4 d128 and
+# MQA d64 models (decode: the sm75 decode kernel), with CUDA graphs.
+KV8 = {"kv-fp8": "fp8", "kv-fp8_e5m2": "fp8_e5m2", "kv-int8": "int8_per_token_head"}
+VARIANTS.update({f"{arch}-{name}": (arch, {"kv_cache_dtype": dtype})
+                 for arch in ("sm75", "sm70") for name, dtype in KV8.items()})
+CASES = ([(m, v) for m in MODELS for v in ("sm75-graphs", "sm75-eager", "sm70-graphs", "sm70-eager")]
+         + [("llama-d128", "sm75-ngram"), ("llama-d128", "sm70-ngram")]
+         + [(m, f"sm75-{name}") for m in ("llama-d128", "llama-d64") for name in KV8]
+         + [("llama-d128", f"sm70-{name}") for name in KV8])
 
 
 def _prompts() -> list[list[list[int]]]:
@@ -138,12 +148,15 @@ class _Engines:
 
 
 @pytest.mark.parametrize("model,variant", [
-    pytest.param(m, v, marks=pytest.mark.xdist_group(m + ("-ngram" if "ngram" in v else "")))
+    pytest.param(m, v, marks=pytest.mark.xdist_group(  # a worker per reference engine
+        m + ("-ngram" if "ngram" in v else "") + "".join(f"-{k}" for k in KV8 if v.endswith(k))))
     for m, v in CASES])
 def test_engine_matches_triton(engines, model, variant):
     arch, extra = VARIANTS.get(variant, (variant.split("-")[0], {}))
     ngram = variant.endswith("ngram")
-    ref = engines.result(model, "TRITON_ATTN", None, {}, "triton-ngram" if ngram else "triton")
+    kv = extra.get("kv_cache_dtype")
+    ref = engines.result(model, "TRITON_ATTN", None, {"kv_cache_dtype": kv} if kv else {},
+                         "triton-ngram" if ngram else f"triton-{kv}" if kv else "triton")
     ours = engines.result(model, "sm7x", arch, extra, variant)
     rows, failures = [], []
     for r, (ref_round, our_round) in enumerate(zip(ref["rounds"], ours["rounds"])):

@@ -423,7 +423,7 @@ def test_decode_batches_get_one_cached_plan(monkeypatch):
     md1, md2 = b.build(0, decode), b.build(0, common_metadata([1, 1, 1], [50, 3, 9]))
     assert md1.plan is not None and md2.plan is md1.plan  # one plan per batch shape
     assert md1.max_seq_len == 4096  # the plan's key bound, fixed in the graph
-    assert calls == [(3, 1, 4096, 8, 2, 64, torch.device("cpu"))]
+    assert calls == [(3, 1, 4096, 8, 2, 64, torch.device("cpu"), "auto")]
     assert b.build(0, common_metadata([4, 1], [4, 9])).plan is None  # a prefill: no graph
     b.max_graph_tokens = 2
     assert b.build(0, decode).plan is None  # larger than vLLM captures

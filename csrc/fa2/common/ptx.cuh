@@ -100,6 +100,14 @@ __device__ __forceinline__ void mma_k16(float (&d0)[4], float (&d1)[4], const ui
   mma_m16n8k8(d1, a[2], a[3], b[3]);
 }
 
+// The 8x8 b16 matrix whose row lane / 4 holds, at columns 2 (lane % 4) and + 1, the two
+// halves of x (an mma accumulator's layout, packed), transposed into the same layout: the
+// decode kernel's P^T from its S^T accumulators.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
 #endif  // sm_75 and newer only
 
 }  // namespace detail

@@ -118,27 +118,39 @@ __device__ __forceinline__ void fetch_pages(int (&pg)[LOADS], const FwdParams& p
 // 8-bit caches (fa2.h KvFormat). Volta and Turing have no fp8 conversion instructions
 // (cvt from e4m3x2 / e5m2x2 needs sm_89), so two codes become two fp16 in integer ops:
 // one byte permute puts each code in the high byte of its fp16 half; an E5M2 code then IS
-// that fp16 (same sign, exponent width and bias), and an E4M3 code shifted one bit right is
-// its value x 2^-8 in fp16, subnormals included (kv_scales folds the 2^8 back). E4M3's
-// NaN (magnitude 0x7F, never written: writes saturate) would read as 480: it is made an
-// fp16 NaN, so that a NaN in the cache still reaches the output as it would in fp16.
-__device__ __forceinline__ uint32_t fp8x2_to_half2(uint32_t codes, int shift, int sel) {
+// that fp16 (same sign, exponent width and bias: Inf and NaN included), and an E4M3 code
+// with its magnitude shifted one bit right is its value x 2^-8 in fp16, subnormals included
+// (kv_scales folds the 2^8 back). E4M3's NaN (magnitude 0x7F, never written: writes
+// saturate) would read as 480: it is made an fp16 NaN, so that a NaN in the cache still
+// reaches the output as it would in fp16. That costs as much again as the conversion, so
+// the common path converts without it and the loader tests each 16 codes for a NaN first
+// (fp8x16_has_nan), taking the exact path (e4m3x2_to_half2_nan) only where one is.
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t codes, int sel) {
   const uint32_t w = __byte_perm(codes, 0u, sel);  // [0, c_lo, 0, c_hi]
+  return (w & 0x80008000u) | ((w & 0x7F007F00u) >> 1);
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_half2_nan(uint32_t codes, int sel) {
+  const uint32_t w = __byte_perm(codes, 0u, sel);
   const uint32_t mag = w & 0x7F007F00u;
   const uint32_t nan = (mag + 0x01000100u) & 0x80008000u;  // magnitude 0x7F
-  return (w & 0x80008000u) | (mag >> shift) | (nan - (nan >> 5));
+  return (w & 0x80008000u) | (mag >> 1) | (nan - (nan >> 5));
 }
 
-// 8 codes (one 8-byte chunk of a row) -> 8 fp16 (one 16-byte chunk of the shared tile).
-__device__ __forceinline__ uint4 widen_fp8x8(uint2 c, int shift) {
-  return make_uint4(fp8x2_to_half2(c.x, shift, 0x1404), fp8x2_to_half2(c.x, shift, 0x3424),
-                    fp8x2_to_half2(c.y, shift, 0x1404), fp8x2_to_half2(c.y, shift, 0x3424));
+// Whether any of 16 E4M3 codes is a NaN (magnitude 0x7F: + 1 carries into the byte's top
+// bit, never into the next byte).
+__device__ __forceinline__ bool fp8x16_has_nan(const uint4& c) {
+  constexpr uint32_t kMag = 0x7F7F7F7Fu, kOne = 0x01010101u, kTop = 0x80808080u;
+  return ((((c.x & kMag) + kOne) | ((c.y & kMag) + kOne) | ((c.z & kMag) + kOne) |
+           ((c.w & kMag) + kOne)) & kTop) != 0u;
 }
 
-// 16 codes (one 16-byte load) -> 16 fp16: two 16-byte chunks of the shared tile.
-__device__ __forceinline__ void widen_fp8x16(const uint4& c, int shift, uint4& lo, uint4& hi) {
-  lo = widen_fp8x8(make_uint2(c.x, c.y), shift);
-  hi = widen_fp8x8(make_uint2(c.z, c.w), shift);
+// 16 codes (one 16-byte load) -> 16 fp16 (two 16-byte chunks of the shared tile) by
+// pair(word, selector), which converts the two codes a byte permute selector picks.
+template <class Pair>
+__device__ __forceinline__ void widen_x16(const uint4& c, uint4& lo, uint4& hi, Pair pair) {
+  lo = make_uint4(pair(c.x, 0x1404), pair(c.x, 0x3424), pair(c.y, 0x1404), pair(c.y, 0x3424));
+  hi = make_uint4(pair(c.z, 0x1404), pair(c.z, 0x3424), pair(c.w, 0x1404), pair(c.w, 0x3424));
 }
 
 // int8 codes (kKvInt8): each pair becomes two fp16 by the magic-number trick (the byte
@@ -318,29 +330,53 @@ __device__ __forceinline__ void load_code_tile(KvStage<LOADS, KV>& st, const uns
   }
 }
 
-// An 8-bit cache tile from registers (load_code_tile) to shared memory as fp16, widened
-// here, after the GEMMs those loads overlapped.
-template <class C, int KV, int LOADS>
-__device__ __forceinline__ void store_code_tile(__half* s, const KvStage<LOADS, KV>& st,
-                                                const FwdParams& p, int tid) {
+// An 8-bit cache tile from registers (load_code_tile) to shared memory as fp16, each 16
+// codes widened by widen(codes, lo, hi) (and an int8 row's scale stored with the row).
+template <class C, int KV, int LOADS, class Widen>
+__device__ __forceinline__ void store_codes(__half* s, const KvStage<LOADS, KV>& st, int tid,
+                                            Widen widen) {
   using T = CodeTile<C>;
-  [[maybe_unused]] const int shift = p.kv_format == kKvE4M3 ? 1 : 0;
 #pragma unroll
   for (int i = 0; i < T::kLoads; ++i) {
     int row, c;
     tile_coord<T>(i, tid, row, c);
     if (in_tile<T, C::kBlockN>(i, tid)) {
       uint4 lo, hi;
+      widen(st.r[i], lo, hi);
       if constexpr (KV == kReadRowScaled) {
-        widen_int8x16(st.r[i], lo, hi);
         if (c == 0) *kv_row_scale_slot<C>(s, row) = st.scale[i];
-      } else {
-        widen_fp8x16(st.r[i], shift, lo, hi);
       }
       uint4* dst = reinterpret_cast<uint4*>(s + row * C::kStride + c * 16);
       dst[0] = lo;
       dst[1] = hi;
     }
+  }
+}
+
+// The widening of the tile's format, chosen once per tile (the format is uniform over the
+// CTA: one fp8 kernel serves both formats): int8, E5M2 (a byte permute per pair), E4M3
+// without NaN handling unless one of this thread's codes is a NaN (rare: writes saturate).
+template <class C, int KV, int LOADS>
+__device__ __forceinline__ void store_code_tile(__half* s, const KvStage<LOADS, KV>& st,
+                                                const FwdParams& p, int tid) {
+  if constexpr (KV == kReadRowScaled) {
+    store_codes<C>(s, st, tid, widen_int8x16);
+  } else if (p.kv_format == kKvE5M2) {
+    store_codes<C>(s, st, tid, [](const uint4& c, uint4& lo, uint4& hi) {
+      widen_x16(c, lo, hi, [](uint32_t w, int sel) { return __byte_perm(w, 0u, sel); });
+    });
+  } else {
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) nan |= fp8x16_has_nan(st.r[i]);
+    if (!nan)
+      store_codes<C>(s, st, tid, [](const uint4& c, uint4& lo, uint4& hi) {
+        widen_x16(c, lo, hi, e4m3x2_to_half2);
+      });
+    else
+      store_codes<C>(s, st, tid, [](const uint4& c, uint4& lo, uint4& hi) {
+        widen_x16(c, lo, hi, e4m3x2_to_half2_nan);
+      });
   }
 }
 

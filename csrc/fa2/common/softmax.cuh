@@ -44,18 +44,20 @@ __device__ __forceinline__ void softcap_scores(float (&s)[N][4], const FwdParams
   }
 }
 
-// Max / sum over the LANES adjacent lanes that hold one row (LANES a power of 2).
-template <int LANES>
+// Max / sum over the LANES lanes that hold one row (LANES a power of 2): adjacent lanes,
+// or STRIDE apart (the decode kernel's rows are columns of its accumulators: lanes
+// tig, tig + 4, .. tig + 28).
+template <int LANES, int STRIDE = 1>
 __device__ __forceinline__ float row_allreduce_max(float x) {
 #pragma unroll
-  for (int m = 1; m < LANES; m *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, m));
+  for (int m = STRIDE; m < LANES * STRIDE; m *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, m));
   return x;
 }
 
-template <int LANES>
+template <int LANES, int STRIDE = 1>
 __device__ __forceinline__ float row_allreduce_sum(float x) {
 #pragma unroll
-  for (int m = 1; m < LANES; m *= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
+  for (int m = STRIDE; m < LANES * STRIDE; m *= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
   return x;
 }
 

@@ -33,7 +33,9 @@ from . import (_check_cuda, _check_half, _check_heads, _check_max_seqlens,
                _check_option_values, _check_options, _check_out_alias, _check_tensor,
                _kernel_layout, _ops_for, _rows_aligned)
 
-_MAX_SPLITS = 128
+# Splits per sequence at most: enough for one sequence of 8 kv heads to fill a wave of the
+# 8-bit decode kernels on a 132-SM GPU (12 resident CTAs per SM: 198 splits).
+_MAX_SPLITS = 256
 # A partition walks at least this many key tiles: below it the prologue (Q tile, first
 # K/V tiles) and the partial's write-out cost more than the split gains.
 _MIN_TILES_PER_SPLIT = 8
@@ -57,6 +59,7 @@ class DecodePlan:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    kv_cache_dtype: str  # the cache format planned for (FORMAT_NAMES)
     block_n: int
     num_splits: tuple[int, ...]  # per sequence
     partitions: torch.Tensor  # int32 [P, 3] (seq, kv_start, kv_end), on the device
@@ -73,7 +76,7 @@ class DecodePlan:
     def check(self, fn: str, key: tuple) -> None:
         if key != self._key:
             names = ("arch", "device", "batch_size", "max_seqlen_q", "max_seqlen_k (at most)",
-                     "num_heads", "num_kv_heads", "head_dim", "num_splits")
+                     "num_heads", "num_kv_heads", "head_dim", "kv_cache_dtype", "num_splits")
             # a call's max_seqlen_k may be below the plan's; num_splits 0 takes the plan's
             diffs = [f"{n}: plan {a!r}, call {b!r}" for n, a, b in zip(names, self._key, key)
                      if a != b and not (n.startswith("max_seqlen_k") and b <= a)
@@ -81,11 +84,12 @@ class DecodePlan:
             if diffs:
                 raise ValueError(f"sm7x.fa2.{fn}: scheduler_metadata was planned for another "
                                  f"shape ({'; '.join(diffs)}); make one with plan_decode for "
-                                 f"this batch")
+                                 f"this batch (and its cache: plan_decode(kv_cache_dtype=))")
 
 
-def _plan_key(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits) -> tuple:
-    return (arch, str(device), batch, sq, sk, heads, kv_heads, hd, num_splits)
+def _plan_key(arch, device, batch, sq, sk, heads, kv_heads, hd, kv_format, num_splits) -> tuple:
+    return (arch, str(device), batch, sq, sk, heads, kv_heads, hd, FORMAT_NAMES[kv_format],
+            num_splits)
 
 
 def _check_int(fn: str, name: str, value, minimum: int) -> int:
@@ -128,10 +132,10 @@ def _workspace(partitions: int, batch: int, rows: int, kv_heads: int, hd: int, d
             torch.empty((partitions, kv_heads, rows), **f32))
 
 
-def _make_plan(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits,
+def _make_plan(arch, device, batch, sq, sk, heads, kv_heads, hd, kv_format, num_splits,
                workspace: bool) -> DecodePlan:
     rows = sq * (heads // kv_heads)
-    block_m, block_n, ctas_per_sm = _serving_tile(arch, device, hd, rows)
+    block_m, block_n, ctas_per_sm = _serving_tile(arch, device, hd, rows, kv_format)
     if num_splits == 0:  # as many as fill the device's CTA slots
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         slots, max_splits = sms * max(1, ctas_per_sm), _MAX_SPLITS
@@ -143,17 +147,20 @@ def _make_plan(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits,
     partitions = torch.tensor(parts, **i32).reshape(-1, 3)
     o_accum, lse_accum = _workspace(partitions.shape[0] if workspace else batch, batch, rows,
                                     kv_heads, hd, device)
-    return DecodePlan(arch, device, batch, sq, sk, heads, kv_heads, hd, block_n, splits,
-                      partitions, torch.tensor(offsets, **i32), o_accum, lse_accum, waves,
-                      _plan_key(arch, device, batch, sq, sk, heads, kv_heads, hd, num_splits))
+    return DecodePlan(arch, device, batch, sq, sk, heads, kv_heads, hd, FORMAT_NAMES[kv_format],
+                      block_n, splits, partitions, torch.tensor(offsets, **i32), o_accum,
+                      lse_accum, waves, _plan_key(arch, device, batch, sq, sk, heads, kv_heads,
+                                                  hd, kv_format, num_splits))
 
 
 @functools.lru_cache(maxsize=256)
-def _serving_tile(arch: str, device: torch.device, head_dim: int, rows: int) -> tuple:
+def _serving_tile(arch: str, device: torch.device, head_dim: int, rows: int,
+                  kv_format: int) -> tuple:
     """(block_m, block_n, resident CTAs per SM) of the serving kernel the library runs for
-    rows packed query rows per kv head: its serving_tile op, the one owner of that choice."""
+    rows packed query rows per kv head over a cache of kv_format: its serving_tile op, the
+    one owner of that choice."""
     ops = getattr(torch.ops, f"sm7x_fa2_{arch}")
-    return tuple(int(x) for x in ops.serving_tile(device.index, head_dim, rows))
+    return tuple(int(x) for x in ops.serving_tile(device.index, head_dim, rows, kv_format))
 
 
 _plans_lock = threading.Lock()
@@ -161,14 +168,18 @@ _plans: dict[tuple, DecodePlan] = {}  # per-shape plans of calls without schedul
 
 
 def plan_decode(batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_kv_heads, head_dim, *,
-                device=None, num_splits=0) -> DecodePlan:
+                device=None, num_splits=0, kv_cache_dtype=None) -> DecodePlan:
     """Plans a serving call (decode, chunked prefill, verification) of this shape once:
     ``batch_size`` sequences of at most ``max_seqlen_q`` query tokens and at most
     ``max_seqlen_k`` keys (an upper bound: the kernels read the real lengths from the device)
-    with ``num_heads`` query and ``num_kv_heads`` kv heads of ``head_dim``. ``num_splits``:
-    0 lets sm7x._sched.split_kv_plan choose, 1 never splits, n splits a sequence at most n
-    ways. Returns a :class:`DecodePlan` holding the plan and its workspace on ``device``."""
+    with ``num_heads`` query and ``num_kv_heads`` kv heads of ``head_dim``, over a cache of
+    ``kv_cache_dtype`` (None or 'auto': float16; a cache dtype, or vLLM's 'fp8', 'fp8_e4m3',
+    'fp8_e5m2', 'int8_per_token_head': each format's kernel fills the GPU differently).
+    ``num_splits``: 0 lets sm7x._sched.split_kv_plan choose, 1 never splits, n splits a
+    sequence at most n ways. Returns a :class:`DecodePlan` holding the plan and its workspace
+    on ``device``."""
     fn = "plan_decode"
+    kv_format = _plan_format(fn, kv_cache_dtype)
     batch = _check_int(fn, "batch_size", batch_size, 0)
     sq = _check_int(fn, "max_seqlen_q", max_seqlen_q, 0)
     sk = _check_int(fn, "max_seqlen_k", max_seqlen_k, 0)
@@ -190,7 +201,20 @@ def plan_decode(batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_kv_heads,
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     arch = _arch_of(torch.empty(0, device=device))
-    return _make_plan(arch, device, batch, sq, sk, heads, kv_heads, hd, splits, True)
+    return _make_plan(arch, device, batch, sq, sk, heads, kv_heads, hd, kv_format, splits, True)
+
+
+def _plan_format(fn: str, kv_cache_dtype) -> int:
+    """plan_decode's kv_cache_dtype as a KvFormat."""
+    if kv_cache_dtype is None or kv_cache_dtype == "auto":
+        return F16
+    if isinstance(kv_cache_dtype, torch.dtype) and kv_cache_dtype in KV_FORMATS:
+        return KV_FORMATS[kv_cache_dtype]
+    if isinstance(kv_cache_dtype, str) and kv_cache_dtype in KV_CACHE_DTYPES:
+        return KV_CACHE_DTYPES[kv_cache_dtype]
+    raise ValueError(f"sm7x.fa2.{fn}: kv_cache_dtype must be None, 'auto', one of "
+                     f"{', '.join(map(repr, KV_CACHE_DTYPES))} or a cache dtype "
+                     f"({', '.join(map(str, KV_FORMATS))}), got {kv_cache_dtype!r}")
 
 
 def _arch_of(t: torch.Tensor) -> str:
@@ -203,9 +227,9 @@ def _check_plan_type(fn: str, given) -> None:
                         f"sm7x.fa2.plan_decode, got {type(given).__name__}")
 
 
-def _plan_for(fn, ops, q, batch, sq, sk, heads, kv_heads, hd, num_splits, given):
+def _plan_for(fn, ops, q, batch, sq, sk, heads, kv_heads, hd, kv_format, num_splits, given):
     arch = ops.name.removeprefix("sm7x_fa2_")
-    key = _plan_key(arch, q.device, batch, sq, sk, heads, kv_heads, hd, num_splits)
+    key = _plan_key(arch, q.device, batch, sq, sk, heads, kv_heads, hd, kv_format, num_splits)
     if given is not None:
         given.check(fn, key)
         return given, given.o_accum, given.lse_accum
@@ -215,7 +239,7 @@ def _plan_for(fn, ops, q, batch, sq, sk, heads, kv_heads, hd, num_splits, given)
             if len(_plans) > 256:
                 _plans.clear()
             plan = _plans[key] = _make_plan(arch, q.device, batch, sq, sk, heads, kv_heads, hd,
-                                            num_splits, False)
+                                            kv_format, num_splits, False)
     # workspace per call: a cached plan may serve several streams at once
     return (plan, *_workspace(plan.total_splits, batch, sq * (heads // kv_heads), kv_heads, hd,
                               q.device))
@@ -259,6 +283,7 @@ def _check_index(fn: str, name: str, t, q, shape: tuple) -> None:
 
 KV_FORMATS = {torch.float16: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2, torch.int8: 3}
 KV_CACHE_DTYPES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2, "int8_per_token_head": 3}
+FORMAT_NAMES = {0: "float16", 1: "fp8_e4m3", 2: "fp8_e5m2", 3: "int8_per_token_head"}
 _CODE_DTYPES = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}
 F16 = KV_FORMATS[torch.float16]
 # int8 codes with a scale per cached row and kv head: the scale caches ride in k_descale /
@@ -414,7 +439,7 @@ def _run(fn, ops, q, k_cache, v_cache, out, lse, *, cu_seqlens_q, seqused_k, cu_
          k_descale, v_descale):
     heads, kv_heads, hd = q.shape[-2], k_cache.shape[2], q.shape[-1]
     plan, o_accum, lse_accum = _plan_for(fn, ops, q, batch, max_seqlen_q, seqlen_k_bound, heads,
-                                         kv_heads, hd, num_splits, plan)
+                                         kv_heads, hd, kv_format, num_splits, plan)
     ops.fwd_serving(q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k, cu_seqlens_k,
                     block_table, cache_batch_idx, leftpad, plan.partitions, plan.split_offsets,
                     o_accum, lse_accum, max_seqlen_q, seqlen_k_bound, seqused_add, scale, causal,

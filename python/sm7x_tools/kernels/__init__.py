@@ -50,6 +50,11 @@ KERNEL = re.compile(r"fwd_kernelINS1_9FwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELNS0_10K
 # fwd_kernel's last argument: what the serving kernel reads (fa2.h KvRead; a bool "8-bit
 # cache" in libraries built before int8 caches, none before 8-bit caches)
 KV_READ = {0: "", 1: " kv8", 2: " int8"}
+# decode_kernel<DecodeConfig<head_dim, block_n>, KvRead> (sm75/decode_kernel.cuh): one warp,
+# DECODE_ROWS query rows (fa2.h kDecodeRows, read from there)
+DECODE_KERNEL = re.compile(r"decode_kernelINS1_12DecodeConfigILi(\d+)ELi(\d+)EEELi(\d)EEEv")
+_FA2_H = Path(__file__).resolve().parents[3] / "csrc" / "fa2" / "fa2.h"
+DECODE_ROWS = int(re.search(r"constexpr int kDecodeRows = (\d+);", _FA2_H.read_text())[1])
 # bwd_kernel<BwdConfig<head_dim, block_n, block_m, dq_block_m, dq_block_n, split, prefetch,
 # min_blocks, v_in_regs, dim_split>, mode> and bwd_dq_kernel<BwdConfig<...>>
 # (common/bwd_common.cuh: mode 0 all, 1 dV only, 2 dK and dQ); libraries built before
@@ -82,7 +87,7 @@ class KernelStats:
     flop_per_smem_byte: float | None
     tensor_flop_matches: bool | None
     card: str
-    kind: str = ""  # prefill, serving, serving kv8, serving int8, bwd (dV, dKdQ: the two passes at d256), bwd dQ
+    kind: str = ""  # prefill, serving / decode (kv8, int8), bwd (dV, dKdQ: the two passes at d256), bwd dQ
     local_bytes: int = 0  # per thread, ptxas stack + local memory: spills (0 but sm75 bwd d64)
 
 
@@ -130,15 +135,23 @@ def kernel_key(name: str) -> tuple[int, int, int, bool, int] | None:
     (kv_read, KV_READ: 0 fp16, 1 over an fp8 cache, 2 over an int8 cache with row scales)."""
     m = KERNEL.search(name)
     if not m:
-        return None
+        m = DECODE_KERNEL.search(name)  # the decode kernel: DECODE_ROWS rows, serving
+        return None if not m else (int(m[1]), DECODE_ROWS, int(m[2]), True, int(m[3]))
     d, bm, bn, serving = (int(m.group(i)) for i in (1, 2, 3, 6))
     return d, bm, bn, bool(serving), int(m.group(7) or m.group(8) or 0)
+
+
+def is_decode(name: str) -> bool:
+    """Whether an FA2 kernel's mangled name is the decode kernel's."""
+    return DECODE_KERNEL.search(name) is not None
 
 
 def kernel_threads(name: str) -> int:
     """Block size of an FA2 fwd kernel from its mangled name: block_m / warp_rows x
     dim_split warps (the wide serving kernel of a table entry runs 16 rows per warp and no
     dim split whatever the entry says, so the table's threads do not always apply)."""
+    if is_decode(name):
+        return 32
     m = KERNEL.search(name)
     if not m:
         raise ValueError(f"not an FA2 fwd kernel: {name}")
@@ -252,9 +265,14 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
             continue
         d, bm, bn, serving, kv8 = key
         arch, regs, static_smem = res[name]["arch"], res[name]["reg"], res[name]["shared"]
-        table = targets["serving_kernels" if serving else "kernels"][arch]
-        entry = next((e for e in table if (e["head_dim"], e["block_m"], e["block_n"])
-                      == (d, bm, bn)), None)
+        decode = is_decode(name)
+        if decode:
+            table = targets.get("decode_kernels", {}).get(arch, [])
+            entry = next((e for e in table if (e["head_dim"], e["block_n"]) == (d, bn)), None)
+        else:
+            table = targets["serving_kernels" if serving else "kernels"][arch]
+            entry = next((e for e in table if (e["head_dim"], e["block_m"], e["block_n"])
+                          == (d, bm, bn)), None)
         if entry is None and serving:  # the wide serving kernels run the prefill tiles
             entry = next((e for e in targets["kernels"][arch]
                           if (e["head_dim"], e["block_m"], e["block_n"]) == (d, bm, bn)), None)
@@ -272,9 +290,10 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
                                resident, n_tensor * warps, smem_tile, flop,
                                round(flop / smem_tile, 2) if smem_tile else float("inf"),
                                flop_warp * warps == flop, CARDS[arch]["card"],
-                               "serving" + KV_READ[kv8] if serving else "prefill",
-                               local_bytes(res[name])))
-    order = ["prefill", "serving", "serving kv8", "serving int8", "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"]
+                               ("decode" if decode else "serving" if serving else "prefill")
+                               + (KV_READ[kv8] if serving else ""), local_bytes(res[name])))
+    order = ["prefill", "serving", "serving kv8", "serving int8", "decode", "decode kv8",
+             "decode int8", "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"]
     return sorted(out, key=lambda s: (s.arch, order.index(s.kind), s.head_dim, s.block_m))
 
 

@@ -263,12 +263,14 @@ def _expand(t: torch.Tensor, shape: Shape) -> torch.Tensor:
     return t.repeat_interleave(shape.group, dim=1)
 
 
-def _make_plan(batch, q_len, kv_len, dev, num_splits, notes, shape: Shape):
+def _make_plan(batch, q_len, kv_len, dev, num_splits, notes, shape: Shape, kv_dtype=None):
+    """plan_decode of this shape for the cache format kv_dtype (None: fp16; else a
+    --kv-dtype name, vLLM's kv_cache_dtype string)."""
     from ...fa2 import plan_decode
 
     try:
         return plan_decode(batch, q_len, kv_len, shape.heads, shape.kv_heads, shape.head_dim,
-                           device=dev, num_splits=num_splits)
+                           device=dev, num_splits=num_splits, kv_cache_dtype=kv_dtype)
     except Exception as e:  # noqa: BLE001
         notes.append(f"plan_decode failed, sm7x runs without a plan: {_first_line(e)}")
         return None
@@ -390,7 +392,8 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
         notes.append(f"flash_attn_with_kvcache failed: {_first_line(e)}")
     times.update(_dense_times(q, k_c, v_c, ref, a, diffs, notes))
 
-    # 8-bit caches: the same keys, pages, block table and plan, timed as the fp16 row was;
+    # 8-bit caches: the same keys, pages and block table, each with the plan of its format
+    # (plan_decode(kv_cache_dtype=)), timed as the fp16 row was;
     # each copy lives in kv8_one only (freed before the next and before the baselines).
     fp16_kind = "graph" if times.get("sm7x") else ("eager" if times.get("sm7x_eager") else None)
     fp16_t = {"graph": times.get("sm7x"), "eager": times.get("sm7x_eager")}
@@ -398,11 +401,12 @@ def _decode_row(batch, kv_len, a, baselines, free, gen, dev, l2_bytes) -> dict:
     def kv8_one(fmt: str, n8: int) -> dict:
         (k8, dk), (v8, dv) = _encode_cache(k_p, fmt), _encode_cache(v_p, fmt)
         out8 = torch.empty_like(q)
+        plan8 = _make_plan(batch, 1, kv_len, dev, a.num_splits, notes, sh, fmt)
 
         def call8():
             return flash_attn_varlen_func(q, k8, v8, cu_q, None, 1, kv_len, causal=True,
                                           block_table=bt, seqused_k=seqused, out=out8,
-                                          scheduler_metadata=plan, **_kv8_args(fmt, dk, dv))
+                                          scheduler_metadata=plan8, **_kv8_args(fmt, dk, dv))
 
         call8()
         # Against a reference over the values the codes stand for, one sequence at a time
@@ -521,17 +525,19 @@ def _prefill_row(batch, a, baselines, free, gen, dev) -> dict:
         notes.append(f"sm7x failed: {_first_line(e)}")
 
     qs = q.view(batch, new, sh.heads, sh.head_dim).transpose(1, 2)  # [b, H, new, D]
-    # sm7x paged over an 8-bit prefix: same pages, block table and plan, timed as fp16 was.
+    # sm7x paged over an 8-bit prefix: same pages and block table, the plan of its format,
+    # timed as fp16 was.
     fp16_t = {row.get("sm7x_timing"): times.get("sm7x")}
 
     def kv8_one(fmt: str) -> dict:
         (k8, dk), (v8, dv) = _encode_cache(k_p, fmt), _encode_cache(v_p, fmt)
         out8 = torch.empty_like(q)
+        plan8 = _make_plan(batch, new, lk, dev, a.num_splits, notes, sh, fmt)
 
         def call8():
             return flash_attn_varlen_func(q, k8, v8, cu_q, None, new, lk, causal=True,
                                           block_table=bt, seqused_k=seqused, out=out8,
-                                          scheduler_metadata=plan, **_kv8_args(fmt, dk, dv))
+                                          scheduler_metadata=plan8, **_kv8_args(fmt, dk, dv))
 
         call8()
         diff = _prefill_kv8_diff(out8.view(batch, new, sh.heads, sh.head_dim), qs, k_c, v_c,

@@ -173,7 +173,9 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
 
 
 def make_plan(num_reqs: int, max_query_len: int, max_seq_len: int, num_heads: int,
-              num_kv_heads: int, head_size: int, device) -> fa2.DecodePlan:
-    """The split-KV plan (and its workspace) of one captured batch shape."""
+              num_kv_heads: int, head_size: int, device,
+              kv_cache_dtype: str = "auto") -> fa2.DecodePlan:
+    """The split-KV plan (and its workspace) of one captured batch shape over a cache of
+    --kv-cache-dtype kv_cache_dtype."""
     return fa2.plan_decode(num_reqs, max_query_len, max_seq_len, num_heads, num_kv_heads,
-                           head_size, device=device)
+                           head_size, device=device, kv_cache_dtype=kv_cache_dtype)

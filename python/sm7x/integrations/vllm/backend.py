@@ -209,6 +209,9 @@ class Sm7xMetadataBuilder(AttentionMetadataBuilder[Sm7xAttentionMetadata]):
         self.decode_query_len = 1 + (getattr(spec, "num_speculative_tokens", None) or 0)
         model = getattr(vllm_config, "model_config", None)
         self.max_model_len = getattr(model, "max_model_len", None)
+        # --kv-cache-dtype: the plans are made for the kernel of that cache format
+        cache = getattr(vllm_config, "cache_config", None)
+        self.kv_cache_dtype = getattr(cache, "cache_dtype", None) or "auto"
         self.num_heads: int | None = None  # from the layers, when a plan needs it
         self._plans: dict[tuple[int, int], fa2.DecodePlan] = {}
 
@@ -238,7 +241,7 @@ class Sm7xMetadataBuilder(AttentionMetadataBuilder[Sm7xAttentionMetadata]):
                 self.num_heads = self._layer_num_heads()
             plan = self._plans[key] = _compute.make_plan(
                 num_reqs, max_query_len, self.max_model_len, self.num_heads,
-                self.num_kv_heads, self.head_size, self.device)
+                self.num_kv_heads, self.head_size, self.device, self.kv_cache_dtype)
         return plan
 
     def _layer_num_heads(self) -> int:
