@@ -227,7 +227,10 @@ def kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list
             continue
         name, r = names[0], res[names[0]]
         threads = kernels.kernel_threads(name)  # the wide serving kernels: 16 rows per warp
-        problems += block_fit_problems(what, r, threads, e["smem_bytes"], limits)
+        # the int8 decode kernels of a measured entry may keep a few bytes on the stack
+        int8 = kernels.KV_READ[key[4]] == " int8"
+        stack = e.get("int8_stack_bytes", 0) if kind == "decode" and int8 else 0
+        problems += block_fit_problems(what, r, threads, e["smem_bytes"], limits, stack)
         ops = [op for _, op, _ in sass.get(name, [])]
         for instruction in ARCHS[arch]:
             if not any(op.startswith(instruction) for op in ops):

@@ -52,6 +52,7 @@ def test_bad_arguments_exit_2(capsys, argv, why):
 
 def test_child_env_forces_the_library_and_the_test_aid_only_where_needed(monkeypatch):
     monkeypatch.setenv("SM7X_FA2_FORCE", "sm70")  # the parent's own setting never leaks
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     env = _vllm_engine.child_env({"backend": "sm7x", "arch": "sm75"}, (9, 0))
     assert env["SM7X_FA2_FORCE"] == "sm75" and env["SM7X_VLLM_TEST_ANY_GPU"] == "1"
     env = _vllm_engine.child_env({"backend": "sm7x", "arch": None}, (7, 5))
@@ -59,6 +60,10 @@ def test_child_env_forces_the_library_and_the_test_aid_only_where_needed(monkeyp
     env = _vllm_engine.child_env({"backend": "TRITON_ATTN", "arch": "sm75"}, (9, 0))
     assert "SM7X_FA2_FORCE" not in env and "SM7X_VLLM_TEST_ANY_GPU" not in env
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    # an fp8 reference that keeps the query fp16: the patch must run in the engine core
+    env = _vllm_engine.child_env({"backend": "TRITON_ATTN", "fp16_query": True}, (9, 0))
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
 def test_failed_child_raises_with_its_log(tmp_path):

@@ -17,6 +17,9 @@ builds ``vllm.LLM(**spec["engine"])`` and runs ``spec["task"]``:
   median latency of a one-token generate of one prompt of that length after a warm-up
   at the same length (Triton compiles per shape; prefix caching is off for these).
 
+``fp16_query`` (a TRITON_ATTN reference over an fp8 cache): the query stays fp16, as in
+sm7x, instead of vLLM quantizing it to fp8 for the Triton kernel.
+
 Backends: ``"sm7x"`` lets vLLM choose (with sm7x's platform plugin that is sm7x's
 backend; the child checks the log line that says so), with ``arch`` forcing the FA2
 library (SM7X_FA2_FORCE) and, on GPUs newer than Turing, the test aid
@@ -56,7 +59,25 @@ def child_env(spec: dict, capability: tuple[int, int] | None) -> dict:
             env["SM7X_FA2_FORCE"] = spec["arch"]
         if capability is not None and capability >= (8, 0):
             env["SM7X_VLLM_TEST_ANY_GPU"] = "1"
+    if spec.get("fp16_query"):  # the patch (_keep_query_fp16) must reach the engine core
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
+
+
+def _keep_query_fp16() -> None:
+    """A reference over an fp8 cache as sm7x computes it: vLLM's Triton backend quantizes
+    the query to fp8 too where the GPU has fp8 tensor cores (sm89+: the only GPUs where it
+    takes an fp8 cache at all), sm7x keeps it fp16 (V100 / T4 have no fp8 MMA). The spec's
+    ``fp16_query`` turns that quantization off in this engine (run in-process, child_env)."""
+    from vllm.v1.attention.backends import triton_attn
+
+    init = triton_attn.TritonAttentionImpl.__init__
+
+    def init_fp16_query(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.supports_quant_query_input = False
+
+    triton_attn.TritonAttentionImpl.__init__ = init_fp16_query
 
 
 def run(spec: dict, workdir: str, *, capability: tuple[int, int] | None = None,
@@ -190,6 +211,8 @@ def _child(spec_path: str, out_path: str) -> int:
 
         for t in spec["allow_fp16_models"]:
             model_config._FLOAT16_NOT_SUPPORTED_MODELS.pop(t, None)
+    if spec.get("fp16_query"):
+        _keep_query_fp16()
     from vllm import LLM
 
     engine = dict(spec["engine"])
