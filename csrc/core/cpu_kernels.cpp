@@ -61,7 +61,10 @@ void rms_norm_cpu(DType t, const RmsNormArgs& a, ParallelRunner run) {
   dispatch(t, [&](auto s) { rms_norm_impl<decltype(s)>(a, run); });
 }
 
-void fused_add_rms_norm_cpu(DType t, const FusedAddRmsNormArgs& a, ParallelRunner run) {
+void fused_add_rms_norm_cpu(DType t, DType residual_t, const FusedAddRmsNormArgs& a,
+                            ParallelRunner run) {
+  if (residual_t != t)  // a float32 residual
+    return dispatch(t, [&](auto s) { fused_add_rms_norm_impl<decltype(s), float>(a, run); });
   if (t == DType::F16 && f16c::available()) return f16c::fused_add_rms_norm(a, run);
   dispatch(t, [&](auto s) { fused_add_rms_norm_impl<decltype(s)>(a, run); });
 }

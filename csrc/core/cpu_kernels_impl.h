@@ -63,14 +63,15 @@ void rms_norm_impl(const RmsNormArgs& a, ParallelRunner run) {
   });
 }
 
-template <typename S>
+// R: the residual's type, S or float (the residual stream kept in fp32).
+template <typename S, typename R = S>
 void fused_add_rms_norm_impl(const FusedAddRmsNormArgs& a, ParallelRunner run) {
   const S* w = static_cast<const S*>(a.weight);
   parallel(run, a.rows, row_grain(a.hidden), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       S* x = static_cast<S*>(a.x) + r * a.x_stride;
-      S* res = static_cast<S*>(a.residual) + r * a.r_stride;
-      // residual += x, rounded to the storage type (vLLM semantics), then the norm of
+      R* res = static_cast<R*>(a.residual) + r * a.r_stride;
+      // residual += x, rounded to the residual's type (vLLM semantics), then the norm of
       // the rounded sum.
       for (int64_t i = 0; i < a.hidden; ++i) store(res + i, load(x + i) + load(res + i));
       const float inv = 1.0f / sqrtf(sum_squares(res, a.hidden) / a.hidden + a.eps);

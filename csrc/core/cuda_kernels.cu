@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "fp8.h"
 #include "kernels.h"
@@ -137,34 +138,40 @@ __device__ __forceinline__ float block_sum(float v) {
 // ---------------------------------------------------------------------------------------
 // RMS norm, plain and fused with the residual add. One block per row (grid-stride);
 // each thread keeps up to VPT packs of its row in registers between the reduction and
-// the write, so a row is read once from memory; longer rows are re-read (L1/L2).
+// the write, so a row is read once from memory; longer rows are re-read (L1/L2). R: the
+// residual's type, T or float (the residual stream kept in fp32; the row values then
+// stay fp32 too).
 
 constexpr int kVPT = 4;
 constexpr int kNormMaxThreads = 1024;
 
-template <typename T, int N, bool FUSED>
+template <typename T, int N, bool FUSED, typename R = T>
 __global__ void __launch_bounds__(kNormMaxThreads)
 rms_norm_kernel(T* out_or_x, int64_t out_stride, const T* x_in, int64_t x_stride,
-                T* residual, int64_t r_stride, const T* __restrict__ weight, int64_t rows,
+                R* residual, int64_t r_stride, const T* __restrict__ weight, int64_t rows,
                 int hidden, float eps) {
+  static_assert(FUSED || std::is_same_v<R, T>, "a residual type only with the residual add");
   const int nvec = hidden / N;
   const bool cached = nvec <= kVPT * static_cast<int>(blockDim.x);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* x = x_in + row * x_stride;
     T* out = out_or_x + row * out_stride;
-    T* res = FUSED ? residual + row * r_stride : nullptr;
+    R* res = FUSED ? residual + row * r_stride : nullptr;
     float ss = 0.0f;
-    T cache[kVPT][N];
+    R cache[kVPT][N];
     // Loads pack i of the row into v and adds its squares to ss. FUSED: v = x + residual
-    // rounded to T (what the residual stores), written back to the residual.
-    auto load_row = [&](T (&v)[N], int i) {
-      load_raw<T, N>(v, x + static_cast<int64_t>(i) * N);
+    // rounded to R (what the residual stores), written back to the residual.
+    auto load_row = [&](R (&v)[N], int i) {
       if constexpr (FUSED) {
-        T r[N];
-        load_raw<T, N>(r, res + static_cast<int64_t>(i) * N);
+        T xv[N];
+        R r[N];
+        load_raw<T, N>(xv, x + static_cast<int64_t>(i) * N);
+        load_raw<R, N>(r, res + static_cast<int64_t>(i) * N);
 #pragma unroll
-        for (int e = 0; e < N; ++e) v[e] = from_f<T>(to_f(v[e]) + to_f(r[e]));
-        store_raw<T, N>(res + static_cast<int64_t>(i) * N, v);
+        for (int e = 0; e < N; ++e) v[e] = from_f<R>(to_f(xv[e]) + to_f(r[e]));
+        store_raw<R, N>(res + static_cast<int64_t>(i) * N, v);
+      } else {
+        load_raw<T, N>(v, x + static_cast<int64_t>(i) * N);
       }
 #pragma unroll
       for (int e = 0; e < N; ++e) ss += to_f(v[e]) * to_f(v[e]);
@@ -177,14 +184,14 @@ rms_norm_kernel(T* out_or_x, int64_t out_stride, const T* x_in, int64_t x_stride
       }
     } else {
       for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-        T v[N];
+        R v[N];
         load_row(v, i);
       }
     }
     ss = block_sum(ss);
     const float inv = rsqrtf(ss / hidden + eps);
     // Writes pack i of the output from the row values v.
-    auto write_row = [&](const T (&v)[N], int i) {
+    auto write_row = [&](const R (&v)[N], int i) {
       float w[N], y[N];
       load_pack<T, N>(w, weight + static_cast<int64_t>(i) * N);
 #pragma unroll
@@ -199,17 +206,21 @@ rms_norm_kernel(T* out_or_x, int64_t out_stride, const T* x_in, int64_t x_stride
       }
     } else {
       // Re-read what this thread itself read (and, FUSED, wrote) in the first pass.
-      const T* src = FUSED ? res : x;
+      const R* src;
+      if constexpr (FUSED)
+        src = res;
+      else
+        src = x;
       for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-        T v[N];
-        load_raw<T, N>(v, src + static_cast<int64_t>(i) * N);
+        R v[N];
+        load_raw<R, N>(v, src + static_cast<int64_t>(i) * N);
         write_row(v, i);
       }
     }
   }
 }
 
-template <typename T, bool FUSED>
+template <typename T, bool FUSED, typename R = T>
 int launch_rms_norm(void* out, int64_t out_stride, const void* x, int64_t x_stride,
                     void* residual, int64_t r_stride, const void* weight, int64_t rows,
                     int64_t hidden, float eps, cudaStream_t stream) {
@@ -218,21 +229,21 @@ int launch_rms_norm(void* out, int64_t out_stride, const void* x, int64_t x_stri
   const int64_t es = sizeof(T);
   bool vec = hidden % N == 0 && aligned16(out) && aligned16(x) && aligned16(weight) &&
              aligned16(out_stride, es) && aligned16(x_stride, es);
-  if (FUSED) vec = vec && aligned16(residual) && aligned16(r_stride, es);
+  if (FUSED) vec = vec && aligned16(residual) && aligned16(r_stride, sizeof(R));
   const int64_t nvec = vec ? hidden / N : hidden;
   const int threads = clamp_threads((nvec + kVPT - 1) / kVPT, 32, kNormMaxThreads);
   const unsigned grid = grid_for(rows);
   T* o = static_cast<T*>(out);
   const T* xi = static_cast<const T*>(x);
-  T* r = static_cast<T*>(residual);
+  R* r = static_cast<R*>(residual);
   const T* w = static_cast<const T*>(weight);
   const int h = static_cast<int>(hidden);
   if (vec)
-    rms_norm_kernel<T, N, FUSED><<<grid, threads, 0, stream>>>(o, out_stride, xi, x_stride, r,
-                                                                r_stride, w, rows, h, eps);
+    rms_norm_kernel<T, N, FUSED, R><<<grid, threads, 0, stream>>>(o, out_stride, xi, x_stride,
+                                                                   r, r_stride, w, rows, h, eps);
   else
-    rms_norm_kernel<T, 1, FUSED><<<grid, threads, 0, stream>>>(o, out_stride, xi, x_stride, r,
-                                                                r_stride, w, rows, h, eps);
+    rms_norm_kernel<T, 1, FUSED, R><<<grid, threads, 0, stream>>>(o, out_stride, xi, x_stride,
+                                                                   r, r_stride, w, rows, h, eps);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -564,11 +575,16 @@ int rms_norm_cuda(DType t, const RmsNormArgs& a, cudaStream_t stream) {
   });
 }
 
-int fused_add_rms_norm_cuda(DType t, const FusedAddRmsNormArgs& a, cudaStream_t stream) {
+int fused_add_rms_norm_cuda(DType t, DType residual_t, const FusedAddRmsNormArgs& a,
+                            cudaStream_t stream) {
   return dispatch(t, [&](auto s) {
-    return launch_rms_norm<decltype(s), true>(a.x, a.x_stride, a.x, a.x_stride, a.residual,
-                                              a.r_stride, a.weight, a.rows, a.hidden, a.eps,
-                                              stream);
+    using T = decltype(s);
+    auto run = [&](auto r) {
+      return launch_rms_norm<T, true, decltype(r)>(a.x, a.x_stride, a.x, a.x_stride,
+                                                   a.residual, a.r_stride, a.weight, a.rows,
+                                                   a.hidden, a.eps, stream);
+    };
+    return residual_t == t ? run(T{}) : run(float{});  // else a float32 residual
   });
 }
 

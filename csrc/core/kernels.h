@@ -43,7 +43,8 @@ struct RmsNormArgs {
 
 struct FusedAddRmsNormArgs {
   void* x;                // in: input, out: normalized (row stride x_stride)
-  void* residual;         // in: residual, out: residual + input (row stride r_stride)
+  void* residual;         // in: residual, out: residual + input (row stride r_stride); x's
+                          // dtype or float32 (the sum then kept in fp32)
   const void* weight;     // [hidden], contiguous
   int64_t rows, hidden;
   int64_t x_stride, r_stride;
@@ -94,7 +95,8 @@ using ParallelFn = void (*)(int64_t begin, int64_t end, void* ctx);
 using ParallelRunner = void (*)(int64_t n, int64_t grain, ParallelFn fn, void* ctx);
 
 void rms_norm_cpu(DType t, const RmsNormArgs& a, ParallelRunner run);
-void fused_add_rms_norm_cpu(DType t, const FusedAddRmsNormArgs& a, ParallelRunner run);
+void fused_add_rms_norm_cpu(DType t, DType residual_t, const FusedAddRmsNormArgs& a,
+                            ParallelRunner run);
 void silu_and_mul_cpu(DType t, const SiluAndMulArgs& a, ParallelRunner run);
 // cache_t: dtype of cos_sin (the query dtype or F32). Positions were range-checked.
 void rotary_embedding_cpu(DType t, DType cache_t, IType pos_t, const RotaryArgs& a,
@@ -110,7 +112,8 @@ void reshape_and_cache_cpu(DType t, IType slot_t, const ReshapeAndCacheArgs& a,
 // kernels skip such tokens (no out-of-bounds access) instead.
 
 int rms_norm_cuda(DType t, const RmsNormArgs& a, cudaStream_t stream);
-int fused_add_rms_norm_cuda(DType t, const FusedAddRmsNormArgs& a, cudaStream_t stream);
+int fused_add_rms_norm_cuda(DType t, DType residual_t, const FusedAddRmsNormArgs& a,
+                            cudaStream_t stream);
 int silu_and_mul_cuda(DType t, const SiluAndMulArgs& a, cudaStream_t stream);
 int rotary_embedding_cuda(DType t, DType cache_t, IType pos_t, const RotaryArgs& a,
                           cudaStream_t stream);

@@ -301,7 +301,8 @@ struct CudaLaunch {
 // The checks both norms share: x [..., hidden] in a float dtype, weight [hidden], eps,
 // and the second tensor (out or residual) on x's device with x's dtype. Returns hidden.
 int64_t check_norm_args(const char* op, const Tensor& x, const char* other_name,
-                        const Tensor& other, const Tensor& weight, double eps) {
+                        const Tensor& other, const Tensor& weight, double eps,
+                        bool other_dtype_checked = false) {
   SM7X_CHECK(x.dim() >= 1, op, "x must have at least 1 dimension (..., hidden_size)");
   const int64_t hidden = size_at(x, -1);
   SM7X_CHECK(hidden > 0, op, "x has hidden size 0 (shape ", shape_str(x),
@@ -310,7 +311,7 @@ int64_t check_norm_args(const char* op, const Tensor& x, const char* other_name,
   check_eps(op, eps);
   check_device(op, other_name, other, "x", x);
   check_device(op, "weight", weight, "x", x);
-  check_same_dtype(op, other_name, other, "x", x);
+  if (!other_dtype_checked) check_same_dtype(op, other_name, other, "x", x);
   check_same_dtype(op, "weight", weight, "x", x);
   check_dim(op, "weight", weight, 1, "[hidden_size]");
   check_size(op, "weight", weight, 0, hidden, "x.shape[-1]");
@@ -346,7 +347,13 @@ void fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, double eps) {
   const char* op = "fused_add_rms_norm";
   check_defined(op, {{"x", &x}, {"residual", &residual}, {"weight", &weight}});
   const DType dt = float_dtype(op, "x", x);
-  const int64_t hidden = check_norm_args(op, x, "residual", residual, weight, eps);
+  // the residual in x's dtype, or float32: the residual stream kept in fp32 (a model
+  // trained in bf16 run in fp16, whose residual outgrows fp16's 65504)
+  const DType rt = float_dtype(op, "residual", residual);
+  SM7X_CHECK(rt == dt || rt == DType::F32, op, "residual has dtype ", dtype_name(rt),
+             " but x has ", dtype_name(dt), "; it must be x's dtype, or float32 to keep the "
+             "residual stream in fp32");
+  const int64_t hidden = check_norm_args(op, x, "residual", residual, weight, eps, true);
   bool same = residual.dim() == x.dim();
   for (int64_t d = 0; same && d < x.dim(); ++d) same = residual.size(d) == x.size(d);
   SM7X_CHECK(same, op, "residual has shape ", shape_str(residual), " but x has shape ",
@@ -363,9 +370,9 @@ void fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, double eps) {
                         weight.const_data_ptr(), xr.rows, hidden, xr.stride, rr.stride,
                         static_cast<float>(eps)};
   if (x.is_cuda())
-    SM7X_CUDA_RUN(op, x, [&](cudaStream_t s) { return fused_add_rms_norm_cuda(dt, a, s); });
+    SM7X_CUDA_RUN(op, x, [&](cudaStream_t s) { return fused_add_rms_norm_cuda(dt, rt, a, s); });
   else
-    fused_add_rms_norm_cpu(dt, a, run_parallel);
+    fused_add_rms_norm_cpu(dt, rt, a, run_parallel);
 }
 
 void silu_and_mul(Tensor out, Tensor x) {

@@ -6,7 +6,8 @@ first use, once per process, from the installed package or ``$SM7X_LIBRARY_PATH`
 
 - ``rms_norm(x, weight, eps, out=None)``: ``out = x / sqrt(mean(x**2) + eps) * weight``
 - ``fused_add_rms_norm(x, residual, weight, eps)``: in place, ``residual += x`` and
-  ``x = rms_norm(residual) * weight``
+  ``x = rms_norm(residual) * weight``; ``residual`` in ``x``'s dtype, or float32 (the
+  residual stream kept in fp32, past fp16's 65504)
 - ``silu_and_mul(x, out=None)``: ``x = [gate | up]`` on the last dim,
   ``out = silu(gate) * up``
 - ``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)``: in
@@ -250,15 +251,25 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
                        eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """In place: ``residual += x``, then ``x = rms_norm(residual) * weight``.
 
-    The sum is rounded to the dtype before the norm (vLLM semantics). Returns
-    ``(x, residual)``, the same tensors.
+    The sum is rounded to the residual's dtype before the norm (vLLM semantics). The
+    residual is ``x``'s dtype, or float32: then the residual stream is accumulated and kept
+    in fp32 and only ``x`` (the normalized output) is rounded to fp16, which is what keeps a
+    model trained in bf16 from overflowing fp16's 65504 in its residual (the sum of every
+    layer's output) on GPUs without bf16. Returns ``(x, residual)``, the same tensors.
     """
     op = "fused_add_rms_norm"
     load_library()
     for name, t in (("x", x), ("residual", residual), ("weight", weight)):
         _tensor(name, t, op)
     _float("x", x, op)
-    _same("residual", residual, "x", x, op)
+    if residual.dtype == torch.float32 and residual.device == x.device:
+        pass  # the residual stream in fp32, whatever x's float dtype
+    elif residual.dtype != x.dtype and residual.device == x.device:
+        raise ValueError(
+            f"sm7x.{op}: residual has dtype {residual.dtype} but x has {x.dtype}; it must "
+            f"be x's dtype, or torch.float32 to keep the residual stream in fp32")
+    else:
+        _same("residual", residual, "x", x, op)
     _same("weight", weight, "x", x, op)
     if residual.shape != x.shape:
         raise ValueError(

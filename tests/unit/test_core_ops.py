@@ -196,6 +196,36 @@ def test_fused_add_rms_norm_row_slices(device, dtype):
     close(x, expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [7, 64, 4096, 40000])  # odd, vectorized, long rows
+def test_fused_add_rms_norm_float32_residual(device, dtype, hidden):
+    """A float32 residual: the sum is kept in fp32 (not rounded to x's dtype) and the norm
+    taken of it; x gets the normalized row in its own dtype."""
+    x = randn(5, hidden, dtype=dtype, device=device)
+    res = randn(5, hidden, dtype=torch.float32, device=device) * 100
+    w = randn(hidden, dtype=dtype, device=device)
+    want_res = x.float() + res
+    want = ref.rms_norm(want_res, w.float(), 1e-6)
+    x_out, res_out = ops.fused_add_rms_norm(x, res, w, 1e-6)
+    assert x_out is x and res_out is res and res.dtype == torch.float32 and x.dtype == dtype
+    assert torch.equal(res, want_res)
+    close(x, want, dtype)
+
+
+def test_fused_add_rms_norm_float32_residual_does_not_overflow(device):
+    """The case the option is for: a residual stream beyond fp16's 65504. In fp16 the sum
+    overflows to inf and the normalized row is NaN; with a float32 residual it is finite."""
+    x = torch.full((2, 64), 40000.0, dtype=torch.float16, device=device)
+    w = torch.ones(64, dtype=torch.float16, device=device)
+    res16 = torch.full((2, 64), 40000.0, dtype=torch.float16, device=device)
+    out16, r16 = ops.fused_add_rms_norm(x.clone(), res16, w)
+    assert torch.isinf(r16).all() and torch.isnan(out16).all()
+    res32 = torch.full((2, 64), 40000.0, dtype=torch.float32, device=device)
+    out32, r32 = ops.fused_add_rms_norm(x.clone(), res32, w)
+    assert torch.equal(r32, torch.full_like(r32, 80000.0))
+    assert torch.isfinite(out32).all() and torch.allclose(out32.float(), torch.ones_like(r32))
+
+
 def test_fused_add_rms_norm_bad_inputs(device):
     x = torch.randn(4, 8, device=device)
     w = torch.ones(8, device=device)
@@ -203,7 +233,13 @@ def test_fused_add_rms_norm_bad_inputs(device):
         ops.fused_add_rms_norm(x, torch.randn(4, 7, device=device), w)
     with pytest.raises(ValueError, match=r"residual has dtype torch.float16"):
         ops.fused_add_rms_norm(x, x.half(), w)
+    with pytest.raises(ValueError, match=r"residual has dtype torch.bfloat16 but x has "
+                                         r"torch.float16; it must be x's dtype, or torch.float32"):
+        ops.fused_add_rms_norm(x.half(), x.bfloat16(), w.half())
     op = torch.ops.sm7x.fused_add_rms_norm
+    with pytest.raises(RuntimeError, match=r"residual has dtype bfloat16 but x has float16; it "
+                                           r"must be x's dtype, or float32"):
+        op(x.half(), x.bfloat16(), w.half(), 1e-6)
     with pytest.raises(RuntimeError, match=r"x overlaps residual in memory"):
         op(x, x, w, 1e-6)
     with pytest.raises(RuntimeError, match=r"residual has shape \[4, 7\] but x has shape \[4, 8\]"):
