@@ -1,6 +1,7 @@
 // The Turing decode kernel: the serving instantiation for at most 8 packed query rows per
-// kv head (a decode step of a GQA group of <= 8, MQA-free), with the GEMMs swapped ("swap
-// AB") so that keys, not query rows, fill the MMA's 16-row M dimension:
+// kv head (a decode step of up to 8 query heads per kv head, or a few tokens of a smaller
+// group), with the GEMMs swapped ("swap AB") so that keys, not query rows, fill the MMA's
+// 16-row M dimension:
 //   S^T = K Q^T     m16n8k8: A = 16 keys x 8 head-dim columns (ldmatrix of the K tile as
 //                   stored), B = Q^T (the 8 query rows: N), held in registers
 //   online softmax  per query row = per accumulator column: the 8 lanes of a column
@@ -9,9 +10,9 @@
 //                   an S^T accumulator packed to fp16 and transposed by movmatrix
 // The serving kernel (fwd_kernel<C, true>) puts the query rows on M, where a decode step
 // fills 1-8 of the 16 rows: this one issues half its MMAs, keeps half the O accumulators
-// (D / 16 x 4 floats) and a quarter of the Q fragments, and so runs more warps per SM. That
-// is what an 8-bit cache needs (fp16 decode is bound by bytes, 8-bit decode was bound by
-// the instructions of each key tile: csrc/fa2/MEASUREMENTS.md).
+// (D / 16 x 4 floats) and half the Q fragments (D / 8 registers), and so runs more warps
+// per SM. That is what an 8-bit cache needs (fp16 decode is bound by bytes, 8-bit decode
+// was bound by the instructions of each key tile: csrc/fa2/MEASUREMENTS.md).
 //
 // One warp per CTA, grid (m-blocks of 8 rows, kv heads, partitions) as launch_serving; the
 // work, masks, cache loads (fp16, 8-bit codes, int8 with row scales), descales and the
