@@ -298,11 +298,11 @@ struct CudaLaunch {
 // ---------------------------------------------------------------------------------------
 // Ops.
 
-// The checks both norms share: x [..., hidden] in a float dtype, weight [hidden], eps,
-// and the second tensor (out or residual) on x's device with x's dtype. Returns hidden.
+// The checks both norms share: x [..., hidden] in a float dtype, weight [hidden] of x's
+// dtype, eps, and the second tensor (out or residual) on x's device; its dtype is each
+// norm's own rule. Returns hidden.
 int64_t check_norm_args(const char* op, const Tensor& x, const char* other_name,
-                        const Tensor& other, const Tensor& weight, double eps,
-                        bool other_dtype_checked = false) {
+                        const Tensor& other, const Tensor& weight, double eps) {
   SM7X_CHECK(x.dim() >= 1, op, "x must have at least 1 dimension (..., hidden_size)");
   const int64_t hidden = size_at(x, -1);
   SM7X_CHECK(hidden > 0, op, "x has hidden size 0 (shape ", shape_str(x),
@@ -311,7 +311,6 @@ int64_t check_norm_args(const char* op, const Tensor& x, const char* other_name,
   check_eps(op, eps);
   check_device(op, other_name, other, "x", x);
   check_device(op, "weight", weight, "x", x);
-  if (!other_dtype_checked) check_same_dtype(op, other_name, other, "x", x);
   check_same_dtype(op, "weight", weight, "x", x);
   check_dim(op, "weight", weight, 1, "[hidden_size]");
   check_size(op, "weight", weight, 0, hidden, "x.shape[-1]");
@@ -324,6 +323,7 @@ void rms_norm(Tensor out, Tensor x, Tensor weight, double eps) {
   check_defined(op, {{"out", &out}, {"x", &x}, {"weight", &weight}});
   const DType dt = float_dtype(op, "x", x);
   const int64_t hidden = check_norm_args(op, x, "out", out, weight, eps);
+  check_same_dtype(op, "out", out, "x", x);
   SM7X_CHECK(out.dim() == x.dim() && out.numel() == x.numel(), op, "out has shape ",
              shape_str(out), " but x has shape ", shape_str(x), "; they must match");
   for (int64_t d = 0; d < x.dim(); ++d)
@@ -353,7 +353,7 @@ void fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, double eps) {
   SM7X_CHECK(rt == dt || rt == DType::F32, op, "residual has dtype ", dtype_name(rt),
              " but x has ", dtype_name(dt), "; it must be x's dtype, or float32 to keep the "
              "residual stream in fp32");
-  const int64_t hidden = check_norm_args(op, x, "residual", residual, weight, eps, true);
+  const int64_t hidden = check_norm_args(op, x, "residual", residual, weight, eps);
   bool same = residual.dim() == x.dim();
   for (int64_t d = 0; same && d < x.dim(); ++d) same = residual.size(d) == x.size(d);
   SM7X_CHECK(same, op, "residual has shape ", shape_str(residual), " but x has shape ",

@@ -145,7 +145,7 @@ template <int kHeadDim>
 int run_serving_int8(const FwdParams& p, cudaStream_t stream);
 template <int kHeadDim>
 int run_serving_wide_int8(const FwdParams& p, cudaStream_t stream);
-// The decode kernel (sm75/decode_kernel.cuh; fa2.decode_kernels.<arch>, kHasDecode): keys
+// The decode kernel (sm75/decode_kernel.cuh; fa2.decode_kernels.<arch>, decode_compiled): keys
 // on the MMA's M dimension, at most kDecodeRows packed query rows per CTA. Serving calls
 // with that few rows per kv head run it instead of run_serving*.
 constexpr int kDecodeRows = 8;

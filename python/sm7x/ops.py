@@ -153,13 +153,15 @@ def _describe(x) -> str:
     return repr(x) if x is None else type(x).__name__
 
 
-def _same(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, op: str) -> None:
+def _same(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, op: str,
+          dtype: bool = True) -> None:
+    """t on ref's device and (dtype: True) of ref's dtype."""
     if t.device != ref.device:
         raise ValueError(
             f"sm7x.{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; move all "
             f"tensors to one device"
         )
-    if t.dtype != ref.dtype:
+    if dtype and t.dtype != ref.dtype:
         raise ValueError(
             f"sm7x.{op}: {name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they "
             f"must match (cast {name} with .to({ref_name}.dtype))"
@@ -262,14 +264,11 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     for name, t in (("x", x), ("residual", residual), ("weight", weight)):
         _tensor(name, t, op)
     _float("x", x, op)
-    if residual.dtype == torch.float32 and residual.device == x.device:
-        pass  # the residual stream in fp32, whatever x's float dtype
-    elif residual.dtype != x.dtype and residual.device == x.device:
+    _same("residual", residual, "x", x, op, dtype=False)
+    if residual.dtype not in (x.dtype, torch.float32):  # float32: the residual stream in fp32
         raise ValueError(
             f"sm7x.{op}: residual has dtype {residual.dtype} but x has {x.dtype}; it must "
             f"be x's dtype, or torch.float32 to keep the residual stream in fp32")
-    else:
-        _same("residual", residual, "x", x, op)
     _same("weight", weight, "x", x, op)
     if residual.shape != x.shape:
         raise ValueError(

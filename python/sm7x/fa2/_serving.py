@@ -283,9 +283,10 @@ def _check_index(fn: str, name: str, t, q, shape: tuple) -> None:
 
 KV_FORMATS = {torch.float16: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2, torch.int8: 3}
 KV_CACHE_DTYPES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2, "int8_per_token_head": 3}
-FORMAT_NAMES = {0: "float16", 1: "fp8_e4m3", 2: "fp8_e5m2", 3: "int8_per_token_head"}
 _CODE_DTYPES = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}
 F16 = KV_FORMATS[torch.float16]
+# each format's name in plans and their messages: vLLM's (its last spelling: "fp8_e4m3")
+FORMAT_NAMES = {F16: "float16", **{fmt: name for name, fmt in KV_CACHE_DTYPES.items()}}
 # int8 codes with a scale per cached row and kv head: the scale caches ride in k_descale /
 # v_descale ([num_blocks or batch_cache, page_size or seqlen_cache, num_kv_heads] float32,
 # any strides)
