@@ -171,25 +171,26 @@ def test_unpadded_batch(kind):
     _compare(f"{kind} batch of 3 x 48, no padding", ref, ours)
 
 
-@pytest.mark.xfail(raises=torch._dynamo.exc.Unsupported, strict=True,
-                   reason="measured (H100, sm75, transformers 5.17): a static cache always "
-                          "passes a mask, whose layout sm7x's integration reads on the host "
-                          "(_mask_layout, torch.compiler.disable): a graph break per layer")
-def test_static_cache_generate_compiled_fullgraph():
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_static_cache_generate_compiled_fullgraph(mode, padded):
     """Static-cache generate with its decode step compiled by transformers (torch.compile,
     inductor, fullgraph: a graph break inside sm7x's attention fails the call) gives the
-    tokens of the same generate run eagerly."""
+    tokens of the same generate run eagerly. reduce-overhead (transformers' default) runs
+    CUDA graphs around sm7x's attention op, which reads the mask on the host."""
     from torch._dynamo.utils import counters
 
     model, _ = _model("llama")
-    ids, _ = _left_pad(_prompts((48, 48, 48)))
-    eager = _generate(model, sm7x_tf.NAME, ids, None, "static", disable_compile=True)
+    ids, mask = _left_pad(_prompts(PROMPTS if padded else (48, 48, 48)))
+    mask = mask if padded else None
+    eager = _generate(model, sm7x_tf.NAME, ids, mask, "static", disable_compile=True)
     torch._dynamo.reset()
     counters.clear()
-    config = transformers.CompileConfig(fullgraph=True, mode="default")
-    compiled = _generate(model, sm7x_tf.NAME, ids, None, "static", compile_config=config)
+    config = transformers.CompileConfig(fullgraph=True, mode=mode)
+    compiled = _generate(model, sm7x_tf.NAME, ids, mask, "static", compile_config=config)
     assert counters["stats"]["unique_graphs"] >= 1, "generate compiled nothing"
-    _compare("llama static cache, decode compiled (fullgraph), unpadded", eager, compiled)
+    _compare(f"llama static cache, decode compiled (fullgraph, {mode}), "
+             f"{'left-padded' if padded else 'unpadded'}", eager, compiled)
 
 
 @pytest.mark.parametrize("kind", KINDS)

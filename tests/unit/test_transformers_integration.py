@@ -427,15 +427,40 @@ def test_paged_without_cache_is_refused(fake):
             ours(input_ids=ids)
 
 
-def test_compiled_forward(fake):
-    """generate with a static cache compiles the model's forward on CUDA; the integration's
-    host bookkeeping (mask analysis, decode plans) must run as graph breaks, not be traced."""
-    ref, ours = _twin("llama")
-    ours.forward = torch.compile(ours.forward, backend="eager")
-    ids, mask = _batch([9, 3, 6])
+@pytest.mark.parametrize("kind,lens", [("llama", [9, 3, 6]), ("llama", [7, 7]),
+                                       ("qwen2", [9, 3, 6]), ("gemma2", [9, 3, 6])])
+def test_static_cache_generate_compiles_fullgraph(fake, kind, lens):
+    """Static-cache generate compiles its decode step (transformers' CompileConfig,
+    fullgraph: any graph break fails the call). The mask layout and decode plans run inside
+    the sm7x_transformers::cached_attention op; aot_eager traces the op's fake too. Same
+    tokens as eager attention, padded or not, sliding window and softcap."""
+    from torch._dynamo.utils import counters
+
+    ref, ours = _twin(kind)
+    ids, mask = _batch(lens)
+    config = transformers.CompileConfig(fullgraph=True, backend="aot_eager")
+    config._compile_all_devices = True  # transformers compiles on CUDA only unless told
     kw = dict(max_new_tokens=6, do_sample=False, cache_implementation="static")
+    torch._dynamo.reset()
+    counters.clear()
     with torch.inference_mode():
         a = ref.generate(input_ids=ids, attention_mask=mask, **kw)
-        b = ours.generate(input_ids=ids, attention_mask=mask, **kw)
+        b = ours.generate(input_ids=ids, attention_mask=mask, compile_config=config, **kw)
+    assert counters["stats"]["unique_graphs"] >= 1, "generate compiled nothing"
     assert torch.equal(a, b)
-    assert "kvcache+leftpad" in fake.calls
+    assert ("kvcache+leftpad" if len(set(lens)) > 1 else "kvcache") in fake.calls
+
+
+def test_compiled_training_with_a_mask_still_runs(fake):
+    """A compiled forward that needs gradients keeps the differentiable calls (the op has
+    no backward): the mask layout is then a graph break, not an error."""
+    ref, ours = _twin("llama")
+    ours.train()
+    ids, mask = _batch([9, 3, 6])
+    ours.forward = torch.compile(ours.forward, backend="aot_eager")
+    a = ref(input_ids=ids, attention_mask=mask).logits
+    b = ours(input_ids=ids, attention_mask=mask).logits
+    b.float().sum().backward()
+    keep = mask.bool()
+    torch.testing.assert_close(b[keep].float(), a[keep].float(), atol=2e-2, rtol=2e-2)
+    assert "varlen" in fake.calls

@@ -34,6 +34,8 @@ This module imports torch, transformers and sm7x.fa2; ``import sm7x`` imports no
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 try:
@@ -120,19 +122,50 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     opts = dict(softmax_scale=scaling, causal=causal, window_size=flash_window(sliding_window, causal),
                 softcap=softcap or 0.0)
-    if attention_mask is not None:
-        out = _masked(q, k, v, attention_mask, opts, getattr(module, "layer_idx", None))
-    elif kwargs.get("cu_seq_lens_q") is not None:  # padding-free packed batch
+    layer = getattr(module, "layer_idx", None)
+    if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:  # padding-free
         out = _packed(q, k, v, kwargs, opts)
-    elif q.shape[1] < k.shape[1]:
-        # decode / chunked prefill against the cache: split-KV, GQA rows packed per K/V
-        # tile (sm7x's serving kernels); no new keys to append, transformers did that
-        out = fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k), **opts)
-    else:
+    elif attention_mask is None and q.shape[1] >= k.shape[1]:
         out = fa2.flash_attn_func(q, k, v, **opts)
+    elif torch.compiler.is_compiling() and not (torch.is_grad_enabled() and q.requires_grad):
+        # the host bookkeeping below (mask layout, decode plans) runs inside one custom op,
+        # so a compiled forward (static-cache generate) stays one graph
+        out = cached_attention(q, k, v, attention_mask, scaling, causal, *opts["window_size"],
+                               opts["softcap"], layer)
+    else:
+        out = _cached(q, k, v, attention_mask, opts, layer)
     if v_hd != hd:
         out = out[..., :v_hd]
     return out, None
+
+
+def _cached(q, k, v, mask, opts, layer):
+    """A call over the cache (decode, chunked prefill) or under a padding mask."""
+    if mask is not None:
+        return _masked(q, k, v, mask, opts, layer)
+    # decode / chunked prefill against the cache: split-KV, GQA rows packed per K/V tile
+    # (sm7x's serving kernels); no new keys to append, transformers did that
+    return fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k), **opts)
+
+
+# cudagraph_unsafe: the mask layout is read on the host, which a CUDA graph cannot capture;
+# inductor's cudagraphs (mode="reduce-overhead") run the graph's other parts around it
+@torch.library.custom_op("sm7x_transformers::cached_attention", mutates_args=(),
+                         tags=(torch.Tag.cudagraph_unsafe,))
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: Optional[torch.Tensor], softmax_scale: Optional[float], causal: bool,
+                     window_left: int, window_right: int, softcap: float,
+                     layer: Optional[int]) -> torch.Tensor:
+    """:func:`_cached` as one op for compiled forwards: ``[batch, q_len, heads, head_dim]``."""
+    opts = dict(softmax_scale=softmax_scale, causal=causal,
+                window_size=(window_left, window_right), softcap=softcap)
+    return _cached(q, k, v, mask, opts, layer).contiguous()
+
+
+@cached_attention.register_fake
+def _cached_attention_fake(q, k, v, mask, softmax_scale, causal, window_left, window_right,
+                           softcap, layer):
+    return q.new_empty(q.shape)
 
 
 def _masked(q, k, v, mask, opts, layer):
@@ -158,7 +191,7 @@ def _masked(q, k, v, mask, opts, layer):
 _layouts: dict = {}
 
 
-@torch.compiler.disable  # host bookkeeping: never traced (static-cache generate compiles)
+@torch.compiler.disable  # host bookkeeping: never traced (compiled training with a mask)
 def _mask_layout(mask, layer: int | None):
     """(bool mask, keys per row, left padding per row, left padded?, all ones?) of a padding
     mask. One host sync decides the path: a mask of ones (a static cache's written slots)
@@ -191,7 +224,7 @@ _PLAN_KEYS = 256  # a decode plan serves the cache lengths up to the next multip
 _plans: dict = {}
 
 
-@torch.compiler.disable  # host bookkeeping: never traced (static-cache generate compiles)
+@torch.compiler.disable  # host bookkeeping: never traced (compiled training with a mask)
 def _plan(q, k):
     """A DecodePlan per (stream, shape, key bound): a generate loop grows the cache by one
     key a step, and one plan serves 256 steps of every layer instead of being rebuilt with
@@ -308,10 +341,14 @@ def _page_table(read, cu_k, max_k: int, page_size: int):
 # ---------------------------------------------------------------------------------------
 
 
-def _mask(*args, **kwargs):
+def _mask(batch_size, q_length, kv_length, *args, attention_mask=None, **kwargs):
     """transformers builds for "sm7x" the mask it builds for flash-attention: None, or the
-    2-D padding mask."""
-    return flash_attention_mask(*args, **kwargs)
+    2-D padding mask. Under torch.compile its test for a mask of ones (a host read) is left
+    to :func:`_mask_layout`, inside the compiled graph's attention op."""
+    if torch.compiler.is_compiling() and attention_mask is not None:
+        return attention_mask[:, -kv_length:]
+    return flash_attention_mask(batch_size, q_length, kv_length, *args,
+                                attention_mask=attention_mask, **kwargs)
 
 
 def register() -> str:
