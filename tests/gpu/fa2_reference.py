@@ -38,8 +38,10 @@ def visible_keys(sq, sk, causal=False, window=(-1, -1), device=None):
     return ok
 
 
-def reference(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0):
-    """float32 attention with bottom-right aligned masks; rows without keys: 0, lse +inf."""
+def reference(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, sinks=None):
+    """float32 attention with bottom-right aligned masks; rows without keys: 0, lse +inf.
+    ``sinks`` [h]: one more softmax column per head with no value (gpt-oss's attention
+    sinks, computed as gpt-oss's eager attention does: concatenated to the scores)."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))  # [b, h, s, d]
@@ -52,9 +54,14 @@ def reference(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0):
     else:
         s = s * scale
     s = s.masked_fill(~visible_keys(sq, sk, causal, window, q.device), float("-inf"))
+    if sinks is not None:
+        column = sinks.to(s.dtype)[None, :, None, None].expand(b, h, sq, 1)
+        s = torch.cat([s, column], dim=-1)
     lse = torch.logsumexp(s, dim=-1)  # [b, h, sq]; -inf for empty rows
     p = torch.exp(s - lse[..., None])
     p = torch.nan_to_num(p, nan=0.0)
+    if sinks is not None:
+        p = p[..., :-1]  # the sink's column has no value
     out = (p @ vf).transpose(1, 2)
     lse = torch.where(torch.isinf(lse), torch.full_like(lse, float("inf")), lse)
     return out, lse

@@ -123,6 +123,16 @@ def test_selected_on_volta_and_turing(on_gpu, fa2_libraries, custom_backend_clea
                f"{cap[0]}.{cap[1]}" in r.getMessage() for r in sm7x_log)
 
 
+def test_selected_for_a_model_with_sinks(on_gpu, fa2_libraries, custom_backend_clear,
+                                         monkeypatch):
+    """gpt-oss (attention sinks): vLLM's own backends need sm90 (FA3) for them."""
+    monkeypatch.setattr(CudaPlatform, "get_attn_backend_cls",
+                        classmethod(lambda cls, *a, **k: pytest.fail("vLLM's choice was asked")))
+    on_gpu(7, 5)
+    assert Sm7xCudaPlatform.get_attn_backend_cls(None, selector(has_sink=True),
+                                                 32) == plugin.BACKEND
+
+
 @pytest.mark.parametrize("cap", [(8, 0), (9, 0), (7, 2), (6, 1)])
 def test_not_selected_elsewhere(on_gpu, fa2_libraries, custom_backend_clear, monkeypatch, cap):
     monkeypatch.setattr(CudaPlatform, "get_attn_backend_cls",
@@ -145,7 +155,6 @@ def test_explicit_backend_is_vllms_business(on_gpu, fa2_libraries, monkeypatch):
     (dict(dtype=torch.bfloat16), "--dtype float16"),
     (dict(kv_cache_dtype="fp8_per_token_head"), "--kv-cache-dtype auto, fp8"),
     (dict(head_size=100), "head size 100"),
-    (dict(has_sink=True), "sinks"),
     (dict(use_mla=True), "MLA"),
     (dict(attn_type="encoder_only"), "encoder_only"),
     (dict(block_size=8), "block_size"),
@@ -251,7 +260,7 @@ def test_backend_declarations():
     # sm7x.ops.reshape_and_cache writes with one scale per tensor
     assert not Backend.supports_per_head_quant_scales()
     assert Backend.supports_sliding_window()
-    assert not Backend.supports_sink() and not Backend.is_mla()
+    assert Backend.supports_sink() and not Backend.is_mla()
     assert Backend.forward_includes_kv_cache_update is False
     assert Backend.supports_block_size(16) and Backend.supports_block_size(48)
     assert not Backend.supports_block_size(8)
@@ -275,7 +284,7 @@ def impl(**kw):
     (dict(kv_cache_dtype="fp8_per_token_head"), ValueError, "--kv-cache-dtype auto, fp8"),
     (dict(kv_cache_dtype="bfloat16"), ValueError, "--kv-cache-dtype auto"),
     (dict(alibi_slopes=[1.0] * 8), NotImplementedError, "ALiBi"),
-    (dict(sinks=torch.zeros(8)), NotImplementedError, "sinks"),
+    (dict(sinks=torch.zeros(4)), ValueError, r"one logit per query head \[8\]"),
     (dict(attn_type="encoder_only"), NotImplementedError, "decoder"),
     (dict(head_size=100), ValueError, "head size 100"),
     (dict(num_kv_heads=3), ValueError, "multiple of num_kv_heads"),
@@ -441,8 +450,9 @@ def test_non_causal_and_cascade_refused():
 # forward, with sm7x.fa2's kernel op replaced by a float32 reference
 
 
-def reference(q, k, v, scale, left=-1, right=0, softcap=0.0):
-    """float32 causal (bottom-right) GQA attention of q [sq, h, d] over k/v [sk, hk, d]."""
+def reference(q, k, v, scale, left=-1, right=0, softcap=0.0, sinks=None):
+    """float32 causal (bottom-right) GQA attention of q [sq, h, d] over k/v [sk, hk, d];
+    sinks [h]: one more softmax column per head with no value (gpt-oss)."""
     sq, h, _ = q.shape
     sk, hk = k.shape[0], k.shape[1]
     k = k.repeat_interleave(h // hk, dim=1)
@@ -456,7 +466,10 @@ def reference(q, k, v, scale, left=-1, right=0, softcap=0.0):
     if left >= 0:
         ok &= j >= i - left
     s = s.masked_fill(~ok, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1).nan_to_num(0.0), v)
+    if sinks is not None:
+        s = torch.cat([s, sinks.float()[:, None, None].expand(h, sq, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return torch.einsum("hqk,khd->qhd", p[..., :sk], v)
 
 
 @pytest.fixture
@@ -470,11 +483,14 @@ def reference_kernel(monkeypatch):
     return serving_cpu_ops.use(monkeypatch)
 
 
-@pytest.mark.parametrize("window, softcap", [(None, None), (24, None), (None, 30.0)])
-def test_forward_mixed_batch_gqa(reference_kernel, monkeypatch, on_gpu, window, softcap):
+@pytest.mark.parametrize("window, softcap, sinks", [(None, None, False), (24, None, False),
+                                                   (None, 30.0, False), (None, None, True),
+                                                   (24, None, True)])
+def test_forward_mixed_batch_gqa(reference_kernel, monkeypatch, on_gpu, window, softcap, sinks):
     """A batch mixing a prefill, decodes and prefill chunks over a cached prefix: the
     context is written first (earlier steps), then the step's new tokens through
-    do_kv_cache_update, then forward; compared with attention over the full sequences."""
+    do_kv_cache_update, then forward; compared with attention over the full sequences.
+    With sinks as gpt-oss has them (its layers alternate sliding window and full)."""
     pytest.importorskip("sm7x._core_loader").load()
     on_gpu(7, 5)
     h, hk, d, bs = 8, 2, 64, 16
@@ -485,8 +501,9 @@ def test_forward_mixed_batch_gqa(reference_kernel, monkeypatch, on_gpu, window, 
     vals = [torch.randn(n, hk, d, generator=g).to(F16) for n in seq_lens]
     qs = [torch.randn(ql, h, d, generator=g).to(F16) for ql in query_lens]
     kv = vllm_kv_cache(m.block_table_tensor.numel(), bs, hk, d, "NHD", monkeypatch)
+    sink_logits = (torch.randn(h, generator=g) * 2).to(F16) if sinks else None
     layer = impl(num_heads=h, num_kv_heads=hk, head_size=d, scale=d ** -0.5,
-                 sliding_window=window, logits_soft_cap=softcap)
+                 sliding_window=window, logits_soft_cap=softcap, sinks=sink_logits)
     bt = m.block_table_tensor
     ctx_k = torch.cat([k[: n - ql] for k, n, ql in zip(keys, seq_lens, query_lens)])
     ctx_v = torch.cat([v[: n - ql] for v, n, ql in zip(vals, seq_lens, query_lens)])
@@ -506,8 +523,8 @@ def test_forward_mixed_batch_gqa(reference_kernel, monkeypatch, on_gpu, window, 
     layer.forward(None, query, new_k, new_v, kv, md, output)
     assert reference_kernel.calls == 1
     left = -1 if window is None else window - 1
-    want = torch.cat([reference(q.float(), k.float(), v.float(), d ** -0.5, left, 0, softcap or 0.0)
-                      for q, k, v in zip(qs, keys, vals)])
+    want = torch.cat([reference(q.float(), k.float(), v.float(), d ** -0.5, left, 0, softcap or 0.0,
+                                sink_logits) for q, k, v in zip(qs, keys, vals)])
     err = (output[: m.num_actual_tokens].float() - want).abs().max().item()
     assert err < 2e-3, err
     assert torch.isnan(output[m.num_actual_tokens:]).all()  # padding rows untouched

@@ -278,7 +278,7 @@ def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False):
+                    deterministic=False, return_attn_probs=False, s_aux=None):
     """Attention over ``q [batch, seqlen_q, num_heads, head_dim]``, ``k``/``v``
     ``[batch, seqlen_k, num_kv_heads, head_dim]`` (fp16, CUDA).
 
@@ -287,16 +287,22 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     S_dmask). Rows that see no key (causal with seqlen_q > seqlen_k, windows) give 0
     and lse = +inf. Differentiable in q, k, v (not in softmax_lse). ``deterministic``:
     the backward accumulates dq in a fixed order (the forward always is deterministic).
+    ``s_aux``: attention sinks, one logit per query head ``[num_heads]`` (gpt-oss; vLLM's
+    ``sinks``) that joins every row's softmax denominator with no value; differentiable
+    too; softmax_lse then includes it.
     """
     fn = "flash_attn_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
     heads, kv_heads, hd = _check_qkv(fn, q, k, v, 4, "[batch, seqlen, num_heads, head_dim]")
+    sinks = _sink_logits(fn, s_aux, q)
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
     deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
-    if _differentiable(q, k, v):
+    if _differentiable(q, k, v, *(() if sinks is None else (s_aux,))):
         _check_cuda(fn, q)
-        out, lse = _autograd.attn(q, k, v, scale, causal, left, right, softcap, deterministic)
+        opts = (scale, causal, left, right, softcap, deterministic)
+        out, lse = (_autograd.attn(q, k, v, *opts) if sinks is None
+                    else _sinks.attn_sinks(q, k, v, sinks, *opts))
         return (out, lse, None) if return_attn_probs else out
     ops, q, k, v, out = _prepare(fn, q, k, v)
     lse = torch.empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32, device=q.device)
@@ -304,7 +310,20 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         _serving_module().dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap)
     else:
         ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap)
+    if sinks is not None:
+        lse = _sinks.fold(out, lse, sinks)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _sink_logits(fn: str, s_aux, q):
+    """s_aux checked against q (float32 [num_heads]), or None: before any work or write."""
+    if s_aux is None:
+        return None
+    _check_tensor("q", q, fn)
+    if q.dim() < 3:
+        raise ValueError(f"sm7x.fa2.{fn}: q must be [..., num_heads, head_dim], got shape "
+                         f"{tuple(q.shape)}")
+    return _sinks.check(fn, s_aux, q, q.shape[-2])
 
 
 def _few_rows(sq: int, heads: int, kv_heads: int, hd: int, sk: int) -> bool:
@@ -332,7 +351,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None,
                            seqused_k=None, out=None, scheduler_metadata=None, k_descale=None,
                            v_descale=None, kv_cache_dtype=None, k_scale_cache=None,
-                           v_scale_cache=None):
+                           v_scale_cache=None, s_aux=None):
     """Attention over packed sequences: ``q [total_q, num_heads, head_dim]``, ``k``/``v``
     ``[total_k, num_kv_heads, head_dim]``; sequence ``i`` is ``q[cu_seqlens_q[i]:
     cu_seqlens_q[i+1]]`` (int32 ``[batch + 1]``). ``max_seqlen_q``/``max_seqlen_k`` must
@@ -356,10 +375,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     head in ``k_scale_cache`` / ``v_scale_cache`` (float32 ``[num_blocks, page_size,
     num_kv_heads]``, any strides; rows 4-byte aligned, as vLLM lays them out).
     The paged call is inference-only; the others are differentiable in q, k, v (then
-    without ``out``), with ``deterministic`` as in :func:`flash_attn_func`.
+    without ``out``), with ``deterministic`` and ``s_aux`` (sinks) as in
+    :func:`flash_attn_func`.
     """
     fn = "flash_attn_varlen_func"
     _check_unsupported(fn, dropout_p, alibi_slopes)
+    sinks = _sink_logits(fn, s_aux, q)
     if k_scale_cache is not None or v_scale_cache is not None:
         k_descale, v_descale = _serving_module().scale_caches(
             fn, k, kv_cache_dtype, k_descale, v_descale, k_scale_cache, v_scale_cache)
@@ -369,16 +390,23 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
             causal, *_serving_ops.window(window_size), softcap, block_table, seqused_k,
             k_descale, v_descale, kv_cache_dtype)
+        if sinks is not None:
+            lse = _sinks.fold(res, lse, sinks)
         if out is not None:
             res = out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
     if block_table is not None or seqused_k is not None:
-        return _serving_module().varlen_paged(
+        res = _serving_module().varlen_paged(
             fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-            softcap=softcap, return_lse=return_attn_probs, block_table=block_table,
-            seqused_k=seqused_k, out=out, scheduler_metadata=scheduler_metadata,
-            k_descale=k_descale, v_descale=v_descale, kv_cache_dtype=kv_cache_dtype)
+            softcap=softcap, return_lse=return_attn_probs or sinks is not None,
+            block_table=block_table, seqused_k=seqused_k, out=out,
+            scheduler_metadata=scheduler_metadata, k_descale=k_descale, v_descale=v_descale,
+            kv_cache_dtype=kv_cache_dtype)
+        if sinks is None:
+            return res
+        res, lse = res[0], _sinks.fold(res[0], res[1], sinks)
+        return (res, lse, None) if return_attn_probs else res
     for name, given in (("scheduler_metadata", scheduler_metadata), ("k_descale", k_descale),
                         ("v_descale", v_descale), ("kv_cache_dtype", kv_cache_dtype)):
         if given is not None:
@@ -406,16 +434,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
     deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
-    if _differentiable(q, k, v):
-        if out is not None and _needs_grad(q, k, v):
+    if _differentiable(q, k, v, *(() if sinks is None else (s_aux,))):
+        if out is not None and _needs_grad(q, k, v, *(() if sinks is None else (s_aux,))):
             raise ValueError(f"sm7x.fa2.{fn}: out= cannot be combined with inputs that require "
                              f"grad (autograd saves the op's own output); drop out=, or call "
                              f"under torch.no_grad()")
         _check_cuda(fn, q)
         # the op checks cu_seqlens against q/k on the host when it runs (not traced)
-        res, lse = _autograd.attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                         max_seqlen_k, scale, causal, left, right, softcap,
-                                         deterministic)
+        opts = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, left,
+                right, softcap, deterministic)
+        res, lse = (_autograd.attn_varlen(q, k, v, *opts) if sinks is None
+                    else _sinks.attn_varlen_sinks(q, k, v, sinks, *opts))
         if out is not None:  # compiled inference with out=
             _check_tensor("out", out, fn)
             if out.shape != res.shape:
@@ -434,6 +463,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     else:
         ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                        max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap)
+    if sinks is not None:
+        lse = _sinks.fold(out, lse, sinks)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -500,7 +531,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, scheduler_metadata=None, k_descale=None,
                             v_descale=None, kv_cache_dtype=None, k_scale_cache=None,
-                            v_scale_cache=None):
+                            v_scale_cache=None, s_aux=None):
     """flash-attn 2.x's decoding call: ``q [batch, seqlen_q, num_heads, head_dim]`` against
     a KV cache, contiguous ``[batch_cache, seqlen_cache, num_kv_heads, head_dim]`` or paged
     ``[num_blocks, page_size, num_kv_heads, head_dim]`` with ``block_table [batch,
@@ -524,10 +555,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     int8 caches (``torch.int8``) with ``k_scale_cache`` / ``v_scale_cache`` ``[batch_cache
     or num_blocks, seqlen_cache or page_size, num_kv_heads]``, a scale per cached row: the
     appended rows are encoded as ``sm7x.ops.reshape_and_cache`` writes them and their
-    scales stored beside them.
+    scales stored beside them. ``s_aux``: sinks, as in :func:`flash_attn_func`.
     """
     fn = "flash_attn_with_kvcache"
     _check_unsupported(fn, 0.0, alibi_slopes)
+    sinks = _sink_logits(fn, s_aux, q)
     if k_scale_cache is not None or v_scale_cache is not None:
         k_descale, v_descale = _serving_module().scale_caches(
             fn, k_cache, kv_cache_dtype, k_descale, v_descale, k_scale_cache, v_scale_cache)
@@ -540,16 +572,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, *_serving_ops.window(window_size),
             softcap, rotary_interleaved, num_splits, k_descale, v_descale, kv_cache_dtype)
-        return (out, lse) if return_softmax_lse else out
-    return _serving_module().with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                 cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                 softmax_scale, causal, window_size, softcap,
-                                 rotary_interleaved, num_splits, return_softmax_lse,
-                                 scheduler_metadata, k_descale, v_descale, kv_cache_dtype)
+    else:
+        res = _serving_module().with_kvcache(
+            fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+            cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
+            softcap, rotary_interleaved, num_splits, return_softmax_lse or sinks is not None,
+            scheduler_metadata, k_descale, v_descale, kv_cache_dtype)
+        if sinks is None:
+            return res
+        out, lse = res
+    if sinks is not None:
+        lse = _sinks.fold(out, lse, sinks)
+    return (out, lse) if return_softmax_lse else out
 
 
 from . import _autograd  # noqa: E402  (uses the helpers above)
 from . import _serving_ops  # noqa: E402  (the serving calls as ops, for torch.compile)
+from . import _sinks  # noqa: E402  (attention sinks: the kernels' output and LSE, folded)
 from ._autograd import BackwardFallbackWarning  # noqa: E402
 
 

@@ -27,7 +27,8 @@ inference-only and refuse inputs that require grad.
 What sm7x cannot do is refused with a ``ValueError`` that says what and what to use
 instead, never computed differently: bf16 (Volta and Turing have no bf16 tensor cores:
 load the model in float16), an arbitrary (4-D) attention mask, ``output_attentions``,
-attention sinks, attention dropout in training mode.
+attention dropout in training mode. Attention sinks (gpt-oss's ``s_aux``) are passed to the
+kernels' calls.
 
 This module imports torch, transformers and sm7x.fa2; ``import sm7x`` imports none.
 """
@@ -87,8 +88,6 @@ def _check_call(module, query, attention_mask, dropout, kwargs) -> None:
     if kwargs.get("output_attentions", False):
         _refuse("cannot return attention weights (output_attentions=True)",
                 "use attn_implementation='eager' for them")
-    if kwargs.get("s_aux") is not None:
-        _refuse("has no attention sinks (s_aux)", "use attn_implementation='eager' or 'sdpa'")
     if dropout and module.training:
         _refuse(f"has no attention dropout (got {dropout} in training mode)",
                 "set the model config's attention_dropout to 0.0, or train with "
@@ -122,6 +121,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     opts = dict(softmax_scale=scaling, causal=causal, window_size=flash_window(sliding_window, causal),
                 softcap=softcap or 0.0)
+    if kwargs.get("s_aux") is not None:  # attention sinks (gpt-oss): one logit per head
+        opts["s_aux"] = kwargs["s_aux"]
     layer = getattr(module, "layer_idx", None)
     if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:  # padding-free
         out = _packed(q, k, v, kwargs, opts)
@@ -131,7 +132,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         # the host bookkeeping below (mask layout, decode plans) runs inside one custom op,
         # so a compiled forward (static-cache generate) stays one graph
         out = cached_attention(q, k, v, attention_mask, scaling, causal, *opts["window_size"],
-                               opts["softcap"], layer)
+                               opts["softcap"], opts.get("s_aux"), layer)
     else:
         out = _cached(q, k, v, attention_mask, opts, layer)
     if v_hd != hd:
@@ -155,16 +156,18 @@ def _cached(q, k, v, mask, opts, layer):
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: Optional[torch.Tensor], softmax_scale: Optional[float], causal: bool,
                      window_left: int, window_right: int, softcap: float,
-                     layer: Optional[int]) -> torch.Tensor:
+                     s_aux: Optional[torch.Tensor], layer: Optional[int]) -> torch.Tensor:
     """:func:`_cached` as one op for compiled forwards: ``[batch, q_len, heads, head_dim]``."""
     opts = dict(softmax_scale=softmax_scale, causal=causal,
                 window_size=(window_left, window_right), softcap=softcap)
+    if s_aux is not None:
+        opts["s_aux"] = s_aux
     return _cached(q, k, v, mask, opts, layer).contiguous()
 
 
 @cached_attention.register_fake
 def _cached_attention_fake(q, k, v, mask, softmax_scale, causal, window_left, window_right,
-                           softcap, layer):
+                           softcap, s_aux, layer):
     return q.new_empty(q.shape)
 
 
@@ -307,6 +310,8 @@ def paged_attention_forward(module, query, key, value, attention_mask, dropout=0
     q = query[0].transpose(0, 1)  # [tokens, heads, head_dim]
     opts = dict(softmax_scale=scaling if scaling is not None else module.scaling, causal=True,
                 window_size=flash_window(sliding), softcap=softcap or 0.0)
+    if kwargs.get("s_aux") is not None:
+        opts["s_aux"] = kwargs["s_aux"]
     # rows past the last sequence (CUDA-graph padding) are never written by the kernels
     out = torch.zeros_like(q)
     bs = cache.block_size

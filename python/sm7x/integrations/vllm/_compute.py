@@ -147,12 +147,14 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
               metadata: Sm7xAttentionMetadata, *, head_size: int, scale: float,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
               kv_cache_dtype: str = "auto", k_scale: torch.Tensor | None = None,
-              v_scale: torch.Tensor | None = None) -> torch.Tensor:
+              v_scale: torch.Tensor | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of ``query [num_tokens, num_heads, head_size]`` over the paged
     cache, written into ``output`` (same shape) for the first ``num_actual_tokens`` rows;
     returns ``output``. GQA: num_heads a multiple of the cache's num_kv_heads. An fp8
     cache is read as codes x k_scale / v_scale (on the device: the scales may change
-    after a CUDA graph was captured); an int8 one as codes x each row's own scale."""
+    after a CUDA graph was captured); an int8 one as codes x each row's own scale.
+    ``sinks`` [num_heads]: attention sinks (gpt-oss), one softmax column per head."""
     key_cache, value_cache = kv_cache_views(kv_cache, head_size, kv_cache_dtype)
     n = metadata.num_actual_tokens
     if _is_fp8(kv_cache_dtype):
@@ -168,7 +170,7 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
         max_seqlen_q=metadata.max_query_len, max_seqlen_k=metadata.max_seq_len,
         softmax_scale=scale, causal=True, window_size=window_size, softcap=softcap,
         block_table=metadata.block_table, seqused_k=metadata.seq_lens, out=output[:n],
-        scheduler_metadata=metadata.plan, **scales)
+        scheduler_metadata=metadata.plan, s_aux=sinks, **scales)
     return output
 
 

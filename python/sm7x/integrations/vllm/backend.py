@@ -117,6 +117,11 @@ class Sm7xFlashAttentionBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_sink(cls) -> bool:
+        # gpt-oss's attention sinks: folded into the kernels' output and LSE (sm7x.fa2)
+        return True
+
+    @classmethod
     def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla,
                              has_sink, use_sparse, use_mm_prefix, device_capability):
         """vLLM lists this next to its generic reasons ("dtype not supported"): the fix."""
@@ -274,9 +279,9 @@ class Sm7xFlashAttentionImpl(AttentionImpl[Sm7xAttentionMetadata]):
         if alibi_slopes is not None:
             raise NotImplementedError(f"{what}: ALiBi is not supported; pick another backend "
                                       f"with --attention-backend (e.g. TRITON_ATTN)")
-        if sinks is not None:
-            raise NotImplementedError(f"{what}: attention sinks are not supported; pick "
-                                      f"another backend with --attention-backend")
+        if sinks is not None and tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"{what}: sinks must have one logit per query head [{num_heads}], "
+                             f"got shape {tuple(sinks.shape)}")
         config = get_current_vllm_config_or_none()
         model_dtype = getattr(getattr(config, "model_config", None), "dtype", None)
         reason = dtype_reason(model_dtype, kv_cache_dtype)
@@ -306,6 +311,7 @@ class Sm7xFlashAttentionImpl(AttentionImpl[Sm7xAttentionMetadata]):
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.alibi_slopes = None
+        self.sinks = sinks  # vLLM's parameter, loaded later: read at each call
 
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -334,4 +340,4 @@ class Sm7xFlashAttentionImpl(AttentionImpl[Sm7xAttentionMetadata]):
                                   window_size=self.sliding_window,
                                   softcap=self.logits_soft_cap,
                                   kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale,
-                                  v_scale=v_scale)
+                                  v_scale=v_scale, sinks=self.sinks)
