@@ -229,3 +229,30 @@ def test_continuous_batching(kind):
     _report({**rec, "max_logit_err": float("nan")})
     for s in rec["sequences"]:
         assert s["first_difference"] is None or s["tie_margin"] <= 2 * LOGIT_TOL, rec
+
+
+@pytest.mark.parametrize("heads, head_dim", [(16, 80), (16, 72)])  # Qwen2.5-VL, Qwen3-VL-like
+def test_vision_tower(heads, head_dim):
+    """A Qwen2.5-VL-style vision tower (window attention, then full) over two images under
+    sm7x against sdpa: transformers calls the attention once per window or image,
+    non-causal; head dim 72 runs padded to a compiled one."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+
+    config = transformers.Qwen2_5_VLConfig(vision_config=dict(
+        depth=4, hidden_size=heads * head_dim, num_heads=heads, intermediate_size=1024,
+        out_hidden_size=512, window_size=112, fullatt_block_indexes=[1, 3])).vision_config
+    outs = {}
+    for impl in ("sdpa", sm7x_tf.NAME):
+        torch.manual_seed(0)
+        tower = modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel._from_config(
+            config, attn_implementation=impl).half().cuda().eval()
+        grid = torch.tensor([[1, 32, 44], [1, 16, 16]], device="cuda")
+        g = torch.Generator(device="cuda").manual_seed(1)
+        pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14, device="cuda",
+                             generator=g).half()
+        with torch.no_grad():
+            out = tower(pixels, grid_thw=grid)
+        outs[impl] = getattr(out, "pooler_output", out).float()
+    err = (outs["sdpa"] - outs[sm7x_tf.NAME]).abs().max().item()
+    scale = outs["sdpa"].abs().max().item()
+    assert err <= 1e-2 * max(scale, 1.0), f"max |features - sdpa| = {err} (max {scale})"

@@ -487,3 +487,36 @@ def test_compiled_training_with_a_mask_still_runs(fake):
     keep = mask.bool()
     torch.testing.assert_close(b[keep].float(), a[keep].float(), atol=2e-2, rtol=2e-2)
     assert "varlen" in fake.calls
+
+
+# ---------------------------------------------------------------------------------------
+# vision towers (non-causal, one call per image or window)
+
+
+def _vision_tower(attn):
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+
+    config = transformers.Qwen2_5_VLConfig(vision_config=dict(
+        depth=2, hidden_size=64, num_heads=4, intermediate_size=128, out_hidden_size=64,
+        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+        fullatt_block_indexes=[1], in_channels=3)).vision_config
+    torch.manual_seed(0)
+    return modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel._from_config(
+        config, attn_implementation=attn).half().eval()
+
+
+def test_qwen2_5_vl_vision_tower_matches_eager(fake):
+    """A Qwen2.5-VL-style vision tower (window attention in block 0, full in block 1) over
+    two images: transformers calls a non-flash implementation once per window or image,
+    non-causal; sm7x runs each as flash_attn_func."""
+    ref, ours = _vision_tower("eager"), _vision_tower(tf_sm7x.NAME)
+    grid = torch.tensor([[1, 8, 12], [1, 4, 4]])
+    pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14,
+                         generator=torch.Generator().manual_seed(1)).half()
+    with torch.no_grad():
+        a, b = ref(pixels, grid_thw=grid), ours(pixels, grid_thw=grid)
+    a, b = (getattr(x, "pooler_output", x) for x in (a, b))
+    err = (a.float() - b.float()).abs().max().item()
+    assert err < 2e-3, f"max |vision features - eager| = {err}"
+    # one call per window (block 0) and per image (block 1), each the plain non-causal call
+    assert set(fake.calls) == {"func"} and len(fake.calls) > 4, fake.calls

@@ -1,8 +1,9 @@
 """CPU tests of sm7x's vLLM plugin against real vLLM Python (tests/vllm_plugin/run.sh installs the
 pinned versions). Without vLLM (the plain test environment) the tests here skip.
 
-vLLM's compiled extensions (vllm/_C*.so and siblings) are built for CUDA torch and do not
-load on CPU torch: each is replaced by an empty module before vLLM is imported. Nothing
+vLLM's compiled extensions (vllm/_C*.so, vllm/vllm_flash_attn/_vllm_fa2_C*.so and the
+others) are built for CUDA torch and do not load on CPU torch: each is replaced by an
+empty module before vLLM is imported. Nothing
 else of vLLM is touched; the modules these tests use never call those ops.
 """
 
@@ -19,10 +20,12 @@ import pytest
 _spec = importlib.util.find_spec("vllm")
 if _spec is not None:
     _vllm_dir = _spec.submodule_search_locations[0]
-    for _f in os.listdir(_vllm_dir):
-        if _f.endswith(".so"):
-            _name = "vllm." + _f.split(".")[0]
-            sys.modules.setdefault(_name, types.ModuleType(_name))
+    for _root, _dirs, _files in os.walk(_vllm_dir):
+        _package = os.path.relpath(_root, os.path.dirname(_vllm_dir)).replace(os.sep, ".")
+        for _f in _files:
+            if _f.endswith(".so"):
+                _name = f"{_package}.{_f.split('.')[0]}"
+                sys.modules.setdefault(_name, types.ModuleType(_name))
 
 
 @pytest.fixture

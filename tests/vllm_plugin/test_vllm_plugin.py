@@ -396,11 +396,14 @@ def common_metadata(query_lens, seq_lens, block_size=16, max_blocks=8, seed=0):
 
 @pytest.fixture(autouse=True)
 def sm7x_platform(monkeypatch):
-    """vLLM's current platform is the sm7x one (what vLLM resolves on a T4), so vLLM's
-    config objects can be made here."""
+    """vLLM's current platform is the sm7x one on a T4 (capability 7.5 unless a test's
+    on_gpu says otherwise; vLLM's modules ask at import), so vLLM's config objects and
+    layers can be made here."""
     import vllm.platforms
 
     monkeypatch.setattr(vllm.platforms, "_current_platform", Sm7xCudaPlatform())
+    monkeypatch.setattr(Sm7xCudaPlatform, "get_device_capability",
+                        classmethod(lambda cls, device_id=0: DeviceCapability(7, 5)))
 
 
 def builder(**over):
@@ -650,3 +653,88 @@ def test_importing_the_entry_point_module_is_light():
     code = ("import sys, sm7x.integrations.vllm; "
             "assert not {'torch', 'vllm'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------
+# vision-tower attention (MMEncoderAttention, replaced through vLLM's out-of-tree CustomOp
+# registry)
+
+
+@pytest.fixture
+def encoder_registry():
+    """MMEncoderAttention's out-of-tree entry cleared before and after (process-global)."""
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    op_registry_oot.pop("MMEncoderAttention", None)
+    yield op_registry_oot
+    op_registry_oot.pop("MMEncoderAttention", None)
+
+
+def _encoder_layer(heads, head_size, dtype=F16):
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.attention import MMEncoderAttention
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # vLLM builds the model under its dtype
+    try:
+        with set_current_vllm_config(VllmConfig()):
+            return MMEncoderAttention(heads, head_size)
+    finally:
+        torch.set_default_dtype(old)
+
+
+def test_encoder_attention_is_sm7x_where_the_platform_is(encoder_registry, custom_backend_clear,
+                                                        monkeypatch):
+    import vllm.platforms
+    from sm7x.integrations.vllm.encoder import Sm7xMMEncoderAttention
+
+    plugin.register()  # the autouse fixture's platform: sm7x on a T4
+    layer = _encoder_layer(16, 80)
+    assert type(layer) is Sm7xMMEncoderAttention and layer.sm7x_reason is None
+    plugin.register()  # idempotent
+    encoder_registry.pop("MMEncoderAttention")
+    monkeypatch.setattr(vllm.platforms, "_current_platform", CudaPlatform())
+    plugin.register()  # vLLM's own platform (an Ampere node): vLLM's layer stays
+    assert "MMEncoderAttention" not in encoder_registry
+
+
+@pytest.mark.parametrize("dtype, head_size, why", [(torch.bfloat16, 80, "--dtype float16"),
+                                                   (F16, 100, "head size 100")])
+def test_encoder_attention_says_why_not(encoder_registry, custom_backend_clear, dtype,
+                                        head_size, why):
+    plugin.register()
+    assert why in _encoder_layer(16, head_size, dtype).sm7x_reason
+
+
+@pytest.mark.parametrize("head_size", [64, 72, 80])
+def test_encoder_forward_matches_vllms_sdpa(encoder_registry, custom_backend_clear,
+                                            monkeypatch, head_size):
+    """Qwen2.5-VL's call: the patches of several images (and windows) packed in one row,
+    bounded by cu_seqlens, hidden [1, tokens, heads * head_size]; sm7x's path (its library
+    replaced by the float32 CPU stand-in) against the layer's own SDPA path."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    import fa2_cpu_ops
+
+    fa2_cpu_ops.use(monkeypatch)
+    monkeypatch.setenv("SM7X_FA2_DENSE", "prefill")  # the stand-in has the prefill op only
+    fa2_cpu_ops.CALLS.clear()
+    plugin.register()
+    heads, lens = 4, [64, 1, 37, 128]
+    layer = _encoder_layer(heads, head_size)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, sum(lens), heads * head_size, generator=g).to(F16)
+               for _ in range(3))
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+    from vllm.model_executor.layers.attention import mm_encoder_attention
+    from vllm.v1.attention.ops import vit_attn_wrappers
+
+    # vLLM's SDPA path as a plain function (its op is registered for CUDA only)
+    monkeypatch.setattr(mm_encoder_attention, "vit_torch_sdpa_wrapper",
+                        vit_attn_wrappers.torch_sdpa_wrapper)
+    with torch.no_grad():
+        got = layer.forward_cuda(q, k, v, cu_seqlens=cu, max_seqlen=torch.tensor(0))
+        want = layer.forward_native(q, k, v, cu_seqlens=cu)
+    assert got.shape == want.shape == (1, sum(lens), heads * head_size)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
+    assert [c["op"] for c in fa2_cpu_ops.CALLS] == ["fwd_varlen"]
+    assert fa2_cpu_ops.CALLS[0]["max_q"] == max(lens)  # read from cu_seqlens (vLLM passed 0)

@@ -57,13 +57,22 @@ def capability_reason(cap: tuple[int, int]) -> str | None:
 
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point: register the backend as ``CUSTOM``.
+    """``vllm.general_plugins`` entry point: register the backend as ``CUSTOM``, and where
+    the sm7x platform is active, sm7x's vision-tower attention in place of vLLM's
+    ``MMEncoderAttention`` (sm7x.integrations.vllm.encoder).
 
     Leaves an existing registration of another plugin alone (and says so): two plugins
     cannot both be ``CUSTOM``."""
     import logging
 
+    from vllm.platforms import current_platform
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    platform = type(current_platform)
+    if f"{platform.__module__}.{platform.__qualname__}" == PLATFORM:
+        from . import encoder
+
+        encoder.register()
 
     custom = AttentionBackendEnum.CUSTOM
     if custom.is_overridden() and custom.get_path() != BACKEND:
