@@ -144,3 +144,14 @@ def test_table_says_when_sm7x_runs_at_a_smaller_cards_occupancy(capsys):
     assert out[0] == ("sm7x's CTAs per SM capped at a T4's (64 KB shared memory, 1024 threads per "
                       "SM); SDPA runs uncapped")
     assert "library sm75" in out[1]
+
+
+def test_table_with_sinks_and_the_flag(capsys):
+    result = _result(400.0)
+    result["results"] = [dict(r, sinks_time_ratio=1.04) for r in result["results"]]
+    B.print_table(result)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[-1] == "sinks" and out[2].split()[-1] == "1.04x"
+    with pytest.raises(SystemExit) as e:
+        B.main(["--sinks", "--backward"])
+    assert e.value.code == 2 and "--sinks times the forward" in capsys.readouterr().err

@@ -23,6 +23,10 @@ group sum). A head dim whose backward has no kernel in the library runs sm7x's f
 fallback: its rows say so ("backward": "fallback"). Each cell also records how far sm7x's
 dq/dk/dv are from SDPA's (max abs difference over max abs SDPA gradient).
 
+``--sinks``: the forward also with attention sinks (``s_aux``, one logit per query head,
+gpt-oss), timed beside the same call without them: the "sinks" column is that time over
+the plain call's (what folding the sink into the output and LSE costs).
+
 On a V100 or T4 the library of the card runs its own SASS. On a GPU other than the arch's
 own the library is forced (``SM7X_FA2_FORCE``) and runs its PTX, JIT-compiled for that
 GPU: only correctness and the relative speed of the sm75 family mean something there
@@ -138,14 +142,16 @@ class occupancy_of:
 
 def run(seqlens=DEFAULT_SEQLENS, head_dims=DEFAULT_HEAD_DIMS, tokens: int = 16384,
         head_elems: int = 2048, iters: int = 5, repeats: int = 10, gqa=DEFAULT_GQA,
-        occupancy: str | None = None) -> dict:
+        occupancy: str | None = None, sinks: bool = False) -> dict:
     """head_elems: heads * head_dim of the MHA cases (2048: 32 heads at d64, 16 at d128);
-    occupancy: cap sm7x's CTAs per SM at a card's (see occupancy_of)."""
+    occupancy: cap sm7x's CTAs per SM at a card's (see occupancy_of); sinks: also time
+    each call with attention sinks."""
     dev = torch.cuda.current_device()
     arch = library_arch(dev)
     ceiling = ceiling_tflops(dev, iters, repeats)
     with occupancy_of(occupancy):
-        rows = _rows(seqlens, head_dims, tokens, head_elems, iters, repeats, gqa, ceiling)
+        rows = _rows(seqlens, head_dims, tokens, head_elems, iters, repeats, gqa, ceiling,
+                     sinks)
     cap = tuple(torch.cuda.get_device_capability(dev))
     forced = os.environ.get(_select.FORCE_ENV)
     return {"device": torch.cuda.get_device_name(dev), "capability": list(cap),
@@ -154,7 +160,8 @@ def run(seqlens=DEFAULT_SEQLENS, head_dims=DEFAULT_HEAD_DIMS, tokens: int = 1638
             "occupancy_of": occupancy, "tokens": tokens, "results": rows}
 
 
-def _rows(seqlens, head_dims, tokens, head_elems, iters, repeats, gqa, ceiling) -> list[dict]:
+def _rows(seqlens, head_dims, tokens, head_elems, iters, repeats, gqa, ceiling,
+          sinks=False) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..fa2 import flash_attn_func
@@ -178,6 +185,11 @@ def _rows(seqlens, head_dims, tokens, head_elems, iters, repeats, gqa, ceiling) 
                              "causal": causal, "sm7x_tflops": flops / ours / 1e12,
                              "sdpa_eff_tflops": flops / ref / 1e12, "ratio": ref / ours,
                              "pct_ceiling": 100 * flops / ours / 1e12 / ceiling if ceiling else None})
+                if sinks:
+                    s_aux = torch.randn(h, device="cuda")
+                    with_sinks = _time(lambda: flash_attn_func(q, k, v, causal=causal, s_aux=s_aux),
+                                       iters, repeats, graph=False)
+                    rows[-1]["sinks_time_ratio"] = with_sinks / ours
             del q, k, v, qt, kt, vt
     return rows
 
@@ -314,13 +326,15 @@ def print_table(result: dict) -> None:
               f"deterministic={result['deterministic']}")
     print(f"{'d':>4} {'heads':>6} {'seqlen':>6} {'batch':>5} {'causal':>6} {'sm7x TFLOP/s':>12} "
           f"{'% ceiling':>9} {'SDPA-eff TFLOP/s':>16} {'ratio':>6}"
-          + (f" {'backward':>8} {'grad diff':>9}" if backward else ""))
+          + (f" {'backward':>8} {'grad diff':>9}" if backward else "")
+          + (f" {'sinks':>6}" if any("sinks_time_ratio" in r for r in result["results"]) else ""))
     for r in result["results"]:
         heads = f"{r['heads']}/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else str(r["heads"])
         print(f"{r['head_dim']:>4} {heads:>6} {r['seqlen']:>6} {r['batch']:>5} {str(r['causal']):>6} "
               f"{r['sm7x_tflops']:>12.1f} {_pct(r['pct_ceiling']):>9} {r['sdpa_eff_tflops']:>16.1f} "
               f"{r['ratio']:>6.2f}"
-              + (f" {r['backward']:>8} {r['grad_rel_diff']:>9.1e}" if backward else ""))
+              + (f" {r['backward']:>8} {r['grad_rel_diff']:>9.1e}" if backward else "")
+              + (f" {r['sinks_time_ratio']:>5.2f}x" if "sinks_time_ratio" in r else ""))
 
 
 def draw(result: dict, plt):
@@ -379,6 +393,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tokens", type=int, default=16384, help="tokens per batch (default: %(default)s)")
     p.add_argument("--iters", type=int, default=5, help="calls per timed sample")
     p.add_argument("--repeats", type=int, default=10, help="timed samples (median taken)")
+    p.add_argument("--sinks", action="store_true",
+                   help="also time each forward with attention sinks (s_aux), as a ratio")
     p.add_argument("--occupancy-of", choices=sorted(OCCUPANCY_CARDS),
                    help="on a larger GPU: run sm7x's kernels at most as many CTAs per SM as this "
                         "card holds (shared memory, threads)")
@@ -393,6 +409,8 @@ def main(argv: list[str]) -> int:
         p.error(str(e))
     if a.deterministic and not a.backward:
         p.error("--deterministic needs --backward (the forward always is deterministic)")
+    if a.sinks and a.backward:
+        p.error("--sinks times the forward; leave out --backward")
     if not torch.cuda.is_available():
         print("sm7x.bench fa2: needs a CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
@@ -401,7 +419,7 @@ def main(argv: list[str]) -> int:
                               gqa=gqa, deterministic=a.deterministic, occupancy=a.occupancy_of)
     else:
         result = run(seqlens, head_dims, a.tokens, iters=a.iters, repeats=a.repeats, gqa=gqa,
-                     occupancy=a.occupancy_of)
+                     occupancy=a.occupancy_of, sinks=a.sinks)
     print_table(result)
     _output.write(result, a.out, a.plot, draw)
     return 0
