@@ -268,8 +268,9 @@ def test_packed_padding_free_batch(fake):
     assert "varlen" in fake.calls
 
 
-def test_continuous_batching_paged_matches_generate(fake):
-    ref, ours = _twin("llama")
+@pytest.mark.parametrize("kind", ["llama", "gptoss"])  # gpt-oss: sinks, sliding layers
+def test_continuous_batching_paged_matches_generate(fake, kind):
+    ref, ours = _twin(kind)
     prompts = [[5, 9, 3, 7, 2, 11, 4, 8, 1, 6][:n] for n in (10, 4, 7)]
     gen_cfg = transformers.GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None,
                                             pad_token_id=0)
