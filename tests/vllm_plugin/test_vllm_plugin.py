@@ -738,3 +738,89 @@ def test_encoder_forward_matches_vllms_sdpa(encoder_registry, custom_backend_cle
     torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
     assert [c["op"] for c in fa2_cpu_ops.CALLS] == ["fwd_varlen"]
     assert fa2_cpu_ops.CALLS[0]["max_q"] == max(lens)  # read from cu_seqlens (vLLM passed 0)
+
+
+# ---------------------------------------------------------------------------------------
+# Gemma 2/3 in float16 with a float32 residual stream (SM7X_VLLM_FP32_RESIDUAL=1)
+
+
+@pytest.fixture
+def gemma_registry(monkeypatch):
+    """GemmaRMSNorm's out-of-tree entry and vLLM's float16 refusals restored afterwards."""
+    from vllm.config import model as model_config
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    monkeypatch.setattr(model_config, "_FLOAT16_NOT_SUPPORTED_MODELS",
+                        dict(model_config._FLOAT16_NOT_SUPPORTED_MODELS))
+    op_registry_oot.pop("GemmaRMSNorm", None)
+    yield op_registry_oot
+    op_registry_oot.pop("GemmaRMSNorm", None)
+    op_registry_oot.pop("MMEncoderAttention", None)
+
+
+def _gemma_norm(hidden):
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+
+    with set_current_vllm_config(VllmConfig()):
+        norm = GemmaRMSNorm(hidden)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(-0.5, 0.5, hidden))
+    return norm
+
+
+def test_fp32_residual_is_opt_in(gemma_registry, custom_backend_clear, monkeypatch):
+    from vllm.config.model import _check_valid_dtype
+
+    plugin.register()
+    with pytest.raises(ValueError, match="does not support float16"):
+        _check_valid_dtype("gemma2", F16)  # vLLM's refusal stands without the flag
+    assert "GemmaRMSNorm" not in gemma_registry
+    monkeypatch.setenv(plugin.FP32_RESIDUAL_ENV, "1")
+    plugin.register()
+    for model_type in ("gemma2", "gemma3", "gemma3_text"):
+        _check_valid_dtype(model_type, F16)
+    with pytest.raises(ValueError, match="does not support float16"):
+        _check_valid_dtype("glm4", F16)  # not a GemmaRMSNorm model: still refused
+    from sm7x.integrations.vllm.fp32_residual import Sm7xGemmaRMSNorm
+
+    assert type(_gemma_norm(16)) is Sm7xGemmaRMSNorm
+
+
+def test_fp32_residual_stream_does_not_overflow(gemma_registry, custom_backend_clear,
+                                                monkeypatch):
+    """Three fused adds whose stream passes 65504: vLLM's GemmaRMSNorm in fp16 gives inf/NaN,
+    sm7x's keeps it in float32 and matches a float32 computation."""
+    monkeypatch.setenv(plugin.FP32_RESIDUAL_ENV, "1")
+    plugin.register()
+    norm = _gemma_norm(64)
+    g = torch.Generator().manual_seed(0)
+    sign = torch.randn(3, 64, generator=g).sign()  # each element's stream grows one way
+    adds = [(sign * (torch.rand(3, 64, generator=g) * 3e4 + 2.5e4)).half() for _ in range(3)]
+    residual = torch.zeros(3, 64, dtype=F16)
+    ref_stream = torch.zeros(3, 64)
+    for a in adds:
+        out, residual = norm(a, residual)
+        ref_stream = ref_stream + a.float()
+        ref = ref_stream * torch.rsqrt(ref_stream.pow(2).mean(-1, keepdim=True) + 1e-6) * (
+            1.0 + norm.weight.float())
+        assert out.dtype == F16 and residual.dtype == torch.float32
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-3)
+        torch.testing.assert_close(residual, ref_stream)
+    assert ref_stream.abs().max() > 65504  # the case is one fp16 cannot hold
+    from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+
+    plain = GemmaRMSNorm.forward_native(norm, adds[0], torch.zeros(3, 64, dtype=F16))[1]
+    for a in adds[1:]:
+        plain = GemmaRMSNorm.forward_native(norm, a, plain)[1]
+    assert not torch.isfinite(plain).all()  # vLLM's own fused add in fp16 overflows
+
+
+def test_fp32_residual_refuses_pipeline_parallelism(monkeypatch):
+    monkeypatch.setenv(plugin.FP32_RESIDUAL_ENV, "1")
+    monkeypatch.setattr(CudaPlatform, "check_and_update_config", classmethod(lambda cls, c: None))
+    config = types.SimpleNamespace(parallel_config=types.SimpleNamespace(pipeline_parallel_size=2))
+    with pytest.raises(ValueError, match="pipeline parallelism"):
+        Sm7xCudaPlatform.check_and_update_config(config)
+    config.parallel_config.pipeline_parallel_size = 1
+    Sm7xCudaPlatform.check_and_update_config(config)

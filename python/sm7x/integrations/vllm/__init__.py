@@ -35,6 +35,8 @@ LOGGER = "vllm.sm7x"  # under vLLM's logger, so vLLM's log configuration shows i
 # test machine (tests/vllm_engine). Refused without SM7X_FA2_FORCE.
 TEST_ANY_GPU_ENV = "SM7X_VLLM_TEST_ANY_GPU"
 FORCE_ENV = "SM7X_FA2_FORCE"  # sm7x._select.FORCE_ENV (not imported: it reads targets.json)
+# Opt-in: Gemma 2/3 in float16 with the residual stream in float32 (fp32_residual.py)
+FP32_RESIDUAL_ENV = "SM7X_VLLM_FP32_RESIDUAL"
 
 
 def capability_reason(cap: tuple[int, int]) -> str | None:
@@ -59,7 +61,9 @@ def capability_reason(cap: tuple[int, int]) -> str | None:
 def register() -> None:
     """``vllm.general_plugins`` entry point: register the backend as ``CUSTOM``, and where
     the sm7x platform is active, sm7x's vision-tower attention in place of vLLM's
-    ``MMEncoderAttention`` (sm7x.integrations.vllm.encoder).
+    ``MMEncoderAttention`` (sm7x.integrations.vllm.encoder) and, with
+    ``SM7X_VLLM_FP32_RESIDUAL=1``, the float32 residual stream for Gemma 2/3 in float16
+    (sm7x.integrations.vllm.fp32_residual).
 
     Leaves an existing registration of another plugin alone (and says so): two plugins
     cannot both be ``CUSTOM``."""
@@ -73,6 +77,10 @@ def register() -> None:
         from . import encoder
 
         encoder.register()
+        if env_flag(FP32_RESIDUAL_ENV, False):
+            from . import fp32_residual
+
+            fp32_residual.register()
 
     custom = AttentionBackendEnum.CUSTOM
     if custom.is_overridden() and custom.get_path() != BACKEND:

@@ -16,7 +16,8 @@ import logging
 
 from vllm.platforms.cuda import CudaPlatform
 
-from . import BACKEND, LOGGER, capability_reason, register
+from ..._args import env_flag
+from . import BACKEND, FP32_RESIDUAL_ENV, LOGGER, capability_reason, register
 
 logger = logging.getLogger(LOGGER)
 _declined: set[tuple] = set()  # (capability, reasons) already logged
@@ -33,6 +34,16 @@ class Sm7xCudaPlatform(CudaPlatform):
                 return path
         return super().get_attn_backend_cls(selected_backend, attn_selector_config,
                                             *args, **kwargs)
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        super().check_and_update_config(vllm_config)
+        pp = getattr(getattr(vllm_config, "parallel_config", None), "pipeline_parallel_size", 1)
+        if env_flag(FP32_RESIDUAL_ENV, False) and pp > 1:
+            raise ValueError(f"sm7x: {FP32_RESIDUAL_ENV}=1 keeps the residual stream in float32, "
+                             f"but pipeline parallelism ({pp} stages) passes it between stages "
+                             f"in the model's dtype; use tensor parallelism, or unset "
+                             f"{FP32_RESIDUAL_ENV}")
 
     @classmethod
     def _sm7x_backend(cls, attn_selector_config) -> str | None:
