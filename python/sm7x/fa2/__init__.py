@@ -311,7 +311,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     else:
         ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap)
     if sinks is not None:
-        lse = _sinks.fold(out, lse, sinks)
+        lse = _sinks.fold(out, lse, sinks, return_attn_probs)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -391,7 +391,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             causal, *_serving_ops.window(window_size), softcap, block_table, seqused_k,
             k_descale, v_descale, kv_cache_dtype)
         if sinks is not None:
-            lse = _sinks.fold(res, lse, sinks)
+            lse = _sinks.fold(res, lse, sinks, return_attn_probs)
         if out is not None:
             res = out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
@@ -405,7 +405,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             kv_cache_dtype=kv_cache_dtype)
         if sinks is None:
             return res
-        res, lse = res[0], _sinks.fold(res[0], res[1], sinks)
+        res, lse = res[0], _sinks.fold(res[0], res[1], sinks, return_attn_probs)
         return (res, lse, None) if return_attn_probs else res
     for name, given in (("scheduler_metadata", scheduler_metadata), ("k_descale", k_descale),
                         ("v_descale", v_descale), ("kv_cache_dtype", kv_cache_dtype)):
@@ -464,7 +464,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                        max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap)
     if sinks is not None:
-        lse = _sinks.fold(out, lse, sinks)
+        lse = _sinks.fold(out, lse, sinks, return_attn_probs)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -582,7 +582,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             return res
         out, lse = res
     if sinks is not None:
-        lse = _sinks.fold(out, lse, sinks)
+        lse = _sinks.fold(out, lse, sinks, return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
 
 

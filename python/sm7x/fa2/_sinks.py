@@ -43,13 +43,18 @@ def check(fn: str, s_aux, q: Tensor, heads: int) -> Tensor:
     return s_aux.float()
 
 
-def fold(out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
-    """Scale ``out`` in place to the sink-aware output; returns the sink-aware LSE. Batched
-    (out [B, Sq, H, D], lse [B, H, Sq]) or varlen (out [T, H, D], lse [H, T])."""
-    lse_keys = torch.where(torch.isinf(lse), float("-inf"), lse)  # a row with no key
-    lse_all = torch.logaddexp(lse_keys, sinks[:, None])
-    out.mul_(torch.exp(lse_keys - lse_all).transpose(-1, -2).unsqueeze(-1))
-    return lse_all
+def fold(out: Tensor, lse: Tensor, sinks: Tensor, with_lse: bool = True) -> Tensor | None:
+    """Scale ``out`` in place to the sink-aware output; returns the sink-aware LSE (None
+    without ``with_lse``: two elementwise kernels fewer in a decode step). Batched
+    (out [B, Sq, H, D], lse [B, H, Sq]) or varlen (out [T, H, D], lse [H, T]).
+
+    exp(lse - lse') = sigmoid(lse - s_h); a row with no key (lse = +inf) has out = 0,
+    which any finite factor keeps."""
+    s = sinks[:, None]
+    out.mul_(torch.sigmoid(lse - s).transpose(-1, -2).unsqueeze(-1))
+    if not with_lse:
+        return None
+    return torch.logaddexp(torch.where(torch.isinf(lse), float("-inf"), lse), s)
 
 
 def sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
