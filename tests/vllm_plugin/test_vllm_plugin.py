@@ -738,6 +738,9 @@ def test_encoder_forward_matches_vllms_sdpa(encoder_registry, custom_backend_cle
     torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
     assert [c["op"] for c in fa2_cpu_ops.CALLS] == ["fwd_varlen"]
     assert fa2_cpu_ops.CALLS[0]["max_q"] == max(lens)  # read from cu_seqlens (vLLM passed 0)
+    with torch.no_grad():  # a model that passes the longest length as an int
+        again = layer.forward_cuda(q, k, v, cu_seqlens=cu, max_seqlen=max(lens))
+    assert torch.equal(again, got) and fa2_cpu_ops.CALLS[-1]["max_q"] == max(lens)
 
 
 # ---------------------------------------------------------------------------------------

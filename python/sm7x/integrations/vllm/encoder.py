@@ -69,6 +69,8 @@ class Sm7xMMEncoderAttention(MMEncoderAttention):
         bsz, q_len = query.shape[:2]
         kv_len = key.shape[1]
         q, k, v = self.view_qkv_to_4d(query, key, value, bsz, q_len, kv_len)
+        if max_seqlen is not None and not isinstance(max_seqlen, torch.Tensor):
+            max_seqlen = torch.tensor(int(max_seqlen))  # some models pass an int
         out = encoder_attention(q, k, v, float(self.scale), cu_seqlens, max_seqlen)
         return out.reshape(bsz, q_len, -1) if query.dim() != 4 else out
 
