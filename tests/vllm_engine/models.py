@@ -39,6 +39,15 @@ MODELS = {
                                              # 0.12 gives next-token probabilities of ~1
                                              initializer_range=0.03),
                        ("gemma2",), "softcap 50, head dim 256, sliding 128 on alternate layers"),
+    # gpt-oss: attention sinks (vLLM's own backends take them only through FA3, sm90) on
+    # every layer, sliding window 128 on alternate ones; unquantized MoE (vLLM's
+    # _load_weights_other path); vLLM's gpt-oss always applies YaRN, so its defaults stay
+    "gptoss-sinks": ("GptOssConfig", dict(num_attention_heads=8, num_key_value_heads=2,
+                                           head_dim=64, sliding_window=128,
+                                           layer_types=["sliding_attention", "full_attention",
+                                                        "sliding_attention"],
+                                           num_local_experts=4, num_experts_per_tok=2),
+                     (), "attention sinks, head dim 64, sliding 128 on alternate layers, MoE"),
 }
 
 
@@ -68,6 +77,10 @@ def write_model(name: str, path: str) -> str:
     cfg.torch_dtype = "float16"
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16)
+    with torch.no_grad():  # sinks that matter (transformers initialises them near 0)
+        for module in model.modules():
+            if isinstance(getattr(module, "sinks", None), torch.nn.Parameter):
+                module.sinks.normal_(0.0, 2.0)
     model.save_pretrained(path, safe_serialization=True)
     write_tokenizer(path)
     open(done, "w").close()

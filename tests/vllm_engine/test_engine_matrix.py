@@ -13,6 +13,8 @@ written by models.py, float16, token-id prompts (no tokenizer). Each model is ru
   ``max_num_batched_tokens`` 256, so long prompts are prefilled in chunks next to other
   requests' decodes; then a second round whose prompts share prefixes with the first
   (prefix-cache hits, checked through vLLM's ``num_cached_tokens``);
+- gpt-oss (random weights, unquantized MoE) for attention sinks, against TRITON_ATTN,
+  which takes sinks too (not yet run: written in a session without device time);
 - and Llama d128 once more with ngram speculative decoding (verification batches of 1 + 3
   queries per request, captured as full graphs);
 - and with 8-bit KV caches (``kv_cache_dtype`` fp8, int8_per_token_head: Llama
