@@ -298,7 +298,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
     deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
-    if _differentiable(q, k, v, *(() if sinks is None else (s_aux,))):
+    if _differentiable(*_grad_inputs(q, k, v, s_aux)):
         _check_cuda(fn, q)
         opts = (scale, causal, left, right, softcap, deterministic)
         out, lse = (_autograd.attn(q, k, v, *opts) if sinks is None
@@ -313,6 +313,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     if sinks is not None:
         lse = _sinks.fold(out, lse, sinks, return_attn_probs)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _grad_inputs(q, k, v, s_aux) -> tuple:
+    """The tensors a call may differentiate in: q, k, v, and the sinks when given."""
+    return (q, k, v) if s_aux is None else (q, k, v, s_aux)
 
 
 def _sink_logits(fn: str, s_aux, q):
@@ -434,8 +439,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
     deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
-    if _differentiable(q, k, v, *(() if sinks is None else (s_aux,))):
-        if out is not None and _needs_grad(q, k, v, *(() if sinks is None else (s_aux,))):
+    if _differentiable(*_grad_inputs(q, k, v, s_aux)):
+        if out is not None and _needs_grad(*_grad_inputs(q, k, v, s_aux)):
             raise ValueError(f"sm7x.fa2.{fn}: out= cannot be combined with inputs that require "
                              f"grad (autograd saves the op's own output); drop out=, or call "
                              f"under torch.no_grad()")

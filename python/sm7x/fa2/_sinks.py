@@ -79,10 +79,8 @@ def attn_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, softmax_scale: fl
 
 
 @attn_sinks.register_fake
-def _attn_sinks_fake(q, k, v, sinks, softmax_scale, causal, window_left, window_right,
-                     softcap, deterministic):
-    return (q.new_empty(q.shape),
-            q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
+def _attn_sinks_fake(q, k, v, sinks, *opts):
+    return _autograd._attn_fake(q, k, v, *opts)  # the shapes of attn's outputs
 
 
 def _setup(ctx, inputs, output):
@@ -112,10 +110,8 @@ def attn_varlen_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, cu_seqlens
 
 
 @attn_varlen_sinks.register_fake
-def _attn_varlen_sinks_fake(q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                            softcap, deterministic):
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+def _attn_varlen_sinks_fake(q, k, v, sinks, *opts):
+    return _autograd._attn_varlen_fake(q, k, v, *opts)  # the shapes of attn_varlen's outputs
 
 
 def _setup_varlen(ctx, inputs, output):

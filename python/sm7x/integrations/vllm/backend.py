@@ -74,6 +74,14 @@ def dtype_reason(dtype: torch.dtype | None, kv_cache_dtype: str | None) -> str |
     return None
 
 
+def head_size_reason(head_size: int) -> str | None:
+    """Why sm7x has no kernel for a head size, or None."""
+    if head_size in fa2.SUPPORTED_HEAD_DIMS:
+        return None
+    return (f"sm7x: head size {head_size} has no kernel (head sizes: multiples of "
+            f"{fa2.SUPPORTED_HEAD_DIMS[0]} up to {fa2.MAX_HEAD_DIM})")
+
+
 class Sm7xFlashAttentionBackend(AttentionBackend):
     """FlashAttention-2 for Volta and Turing (sm7x.fa2) as a vLLM attention backend."""
 
@@ -125,10 +133,7 @@ class Sm7xFlashAttentionBackend(AttentionBackend):
     def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla,
                              has_sink, use_sparse, use_mm_prefix, device_capability):
         """vLLM lists this next to its generic reasons ("dtype not supported"): the fix."""
-        reason = dtype_reason(dtype, kv_cache_dtype)
-        if reason is None and not cls.supports_head_size(head_size):
-            reason = (f"sm7x: head size {head_size} has no kernel (head sizes: multiples of "
-                      f"{fa2.SUPPORTED_HEAD_DIMS[0]} up to {fa2.MAX_HEAD_DIM})")
+        reason = dtype_reason(dtype, kv_cache_dtype) or head_size_reason(head_size)
         if reason is None:
             cap = _capability(device_capability)
             reason = capability_reason(cap)

@@ -23,21 +23,19 @@ from vllm.model_executor.layers.attention import MMEncoderAttention
 
 from ... import fa2
 from . import LOGGER, capability_reason
+from .backend import dtype_reason, head_size_reason
 
 logger = logging.getLogger(LOGGER)
 _logged: set[tuple] = set()
 
 
 def reason(head_size: int, dtype: torch.dtype, capability: tuple[int, int] | None) -> str | None:
-    """Why sm7x does not run a vision layer of this configuration, or None when it does."""
-    if dtype != torch.float16:
-        return f"dtype {dtype} (sm7x runs float16: --dtype float16)"
-    if head_size not in fa2.SUPPORTED_HEAD_DIMS:
-        return (f"head size {head_size} (sm7x: multiples of {fa2.SUPPORTED_HEAD_DIMS[0]} up "
-                f"to {fa2.MAX_HEAD_DIM})")
-    if capability is None:
+    """Why sm7x does not run a vision layer of this configuration, or None when it does
+    (the decoder backend's reasons)."""
+    reason = dtype_reason(dtype, None) or head_size_reason(head_size)
+    if reason is None and capability is None:
         return "no CUDA device capability"
-    return capability_reason(capability)
+    return reason or capability_reason(capability)
 
 
 class Sm7xMMEncoderAttention(MMEncoderAttention):
@@ -85,12 +83,14 @@ def encoder_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     within itself (vLLM's layout)."""
     if cu_seqlens is None:
         return fa2.flash_attn_func(q, k, v, softmax_scale=scale)
-    longest = int(max_seqlen) if max_seqlen is not None and int(max_seqlen) > 0 else int(
-        (cu_seqlens[1:] - cu_seqlens[:-1]).max())  # vLLM passes 0 unless its backend is FA
+    cu = cu_seqlens.int()
+    longest = 0 if max_seqlen is None else int(max_seqlen)
+    if longest <= 0:  # vLLM passes 0 unless its backend is FA
+        longest = int((cu[1:] - cu[:-1]).max())
     h, hk, d = q.shape[2], k.shape[2], q.shape[3]
     out = fa2.flash_attn_varlen_func(q.reshape(-1, h, d), k.reshape(-1, hk, d),
-                                     v.reshape(-1, hk, d), cu_seqlens.int(), cu_seqlens.int(),
-                                     longest, longest, softmax_scale=scale)
+                                     v.reshape(-1, hk, d), cu, cu, longest, longest,
+                                     softmax_scale=scale)
     return out.view(q.shape)
 
 
