@@ -6,15 +6,16 @@ Every engine runs in its own process (sm7x.bench._vllm_engine), with random-weig
 written by models.py, float16, token-id prompts (no tokenizer). Each model is run:
 
 - with vLLM's CUDA graphs as it captures them by default (piecewise for mixed batches,
-  full graphs for decode batches), and again with ``enforce_eager``;
+  full graphs for decode batches), and again with ``enforce_eager`` (against TRITON_ATTN
+  with ``enforce_eager`` too);
 - with each FA2 library forced (sm75, sm70; on GPUs newer than Turing through their PTX
   and the test aid SM7X_VLLM_TEST_ANY_GPU, which sm7x.bench._vllm_engine sets there);
 - on prompts of 5 to 2500 tokens (the longest spans 157 KV blocks of 16) with
   ``max_num_batched_tokens`` 256, so long prompts are prefilled in chunks next to other
   requests' decodes; then a second round whose prompts share prefixes with the first
   (prefix-cache hits, checked through vLLM's ``num_cached_tokens``);
-- gpt-oss (random weights, unquantized MoE) for attention sinks, against TRITON_ATTN,
-  which takes sinks too (not yet run: written in a session without device time);
+- gpt-oss (random weights, unquantized MoE, every token to every expert) for attention
+  sinks, against TRITON_ATTN, which takes sinks too (logprob tolerance: LP_TOL_OF);
 - and Llama d128 once more with ngram speculative decoding (verification batches of 1 + 3
   queries per request, captured as full graphs);
 - and with 8-bit KV caches (``kv_cache_dtype`` fp8, int8_per_token_head: Llama
@@ -58,6 +59,11 @@ pytestmark = pytest.mark.gpu
 
 NEW_TOKENS = 64
 LP_TOL, TIE_TOL = 0.05, 0.1
+# gpt-oss (sinks ~N(0, 2), MoE): over 64 steps the logprob error of either sm7x library
+# against TRITON_ATTN reached 0.064 (median 0.011), as far as sm7x's two libraries are from
+# each other (0.064), while vLLM's eager and compiled runs with TRITON_ATTN alone are up
+# to 0.34 apart (H100, vLLM 0.26); the tolerance is twice the libraries' spread
+LP_TOL_OF = {"gptoss-sinks": 0.1}
 TOPK = 5  # logprobs per step: a near tie of three tokens is still seen
 # 1 GiB of KV cache whatever the GPU: engines of several xdist workers share it
 ENGINE = dict(dtype="float16", max_model_len=4096, max_num_batched_tokens=256, max_num_seqs=16,
@@ -163,14 +169,20 @@ def test_engine_matches_triton(engines, model, variant):
     kv = extra.get("kv_cache_dtype")
     # over an fp8 cache vLLM's Triton kernel would also quantize the query: the reference
     # keeps it fp16 as sm7x does (_vllm_engine's fp16_query)
-    ref = engines.result(model, "TRITON_ATTN", None, {"kv_cache_dtype": kv} if kv else {},
-                         "triton-ngram" if ngram else f"triton-{kv}" if kv else "triton",
+    # An eager variant's reference is eager too: without torch.compile vLLM runs its own
+    # custom ops instead of the compiled graph, so only the attention backend differs (a
+    # random-weight MoE's routing turns those other differences into logprob errors > 0.1)
+    eager = bool(extra.get("enforce_eager"))
+    ref_extra = {"kv_cache_dtype": kv} if kv else {"enforce_eager": True} if eager else {}
+    ref = engines.result(model, "TRITON_ATTN", None, ref_extra,
+                         "triton-ngram" if ngram else f"triton-{kv}" if kv
+                         else "triton-eager" if eager else "triton",
                          fp16_query=bool(kv and kv.startswith("fp8")))
     ours = engines.result(model, "sm7x", arch, extra, variant)
     rows, failures = [], []
     for r, (ref_round, our_round) in enumerate(zip(ref["rounds"], ours["rounds"])):
         for i, (a, b) in enumerate(zip(our_round, ref_round)):
-            m = compare(a, b, lp_tol=LP_TOL, tie_tol=TIE_TOL)
+            m = compare(a, b, lp_tol=LP_TOL_OF.get(model, LP_TOL), tie_tol=TIE_TOL)
             rows.append({"round": r, "prompt": i, "ok": m.ok,
                          "equal": m.equal, "first_difference": m.first_difference,
                          "max_logprob_error": m.max_logprob_error, "tie_gap": m.tie_gap,
