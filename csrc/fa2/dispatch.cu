@@ -92,7 +92,7 @@ ServingInstance serving_for(int head_dim, int rows, int fmt) {
 
 template <std::size_t I = 0>
 int bwd_from(const BwdParams& p, cudaStream_t stream) {
-  if constexpr (I == kNumHeadDims) {
+  if constexpr (I == kNumHeadDims || kCompiledHeadDims[I] > kMaxBwdHeadDim) {
     return static_cast<int>(cudaErrorInvalidValue);
   } else {
     if (p.head_dim <= kCompiledHeadDims[I]) {
@@ -119,7 +119,8 @@ int bwd_all(const BwdParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool bwd_supported(int head_dim) {
-  return kHasBwd && head_dim > 0 && head_dim % kHeadDimMultiple == 0 && head_dim <= kMaxHeadDim;
+  return kHasBwd && head_dim > 0 && head_dim % kHeadDimMultiple == 0 &&
+         head_dim <= kMaxBwdHeadDim;
 }
 
 int bwd(const BwdParams& p, cudaStream_t stream) {

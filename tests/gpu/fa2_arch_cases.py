@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 # every compiled head dim, and dims that run padded on the next one up
-HEAD_DIMS = sorted(set(fa2.COMPILED_HEAD_DIMS) | {40, 72, 200})
+HEAD_DIMS = sorted(set(fa2.COMPILED_HEAD_DIMS) | {40, 72, 200, 384})
 
 
 def _tag(arch: str) -> str:

@@ -136,7 +136,8 @@ for arch in ("sm75", "sm70"):
 
 OP_MESSAGES = {
     "bf16": "q has dtype bfloat16; sm7x FA2 supports float16 only",
-    "d100": "head dim 100 is not supported: it must be a multiple of 8 and at most 256",
+    "d100": ("head dim 100 is not supported: it must be a multiple of 8 and at most "
+             f"{_targets.fa2_max_head_dim()}"),
     "d300": "head dim 300 is not supported",
     "gqa": "num_heads (4) must be a multiple of num_kv_heads (3)",
     "head-dim": "q, k and v must have the same head dim",

@@ -27,7 +27,7 @@ enum class KvPrefetch { kNone, kBoth, kStaged, kDouble };
 // A CTA computes BR query rows of one (batch, head) with BR / WR warps of WR rows each
 // (WR / 16 m16 slices per warp: with 32 rows, every K/V fragment a warp loads from shared
 // memory feeds two MMAs instead of one), walking K/V in tiles of BC keys. KS > 1 (sm75
-// only, "dim_split"): KS warps share each WR rows, each owning D / KS columns of Q and O
+// only, "dim_split" 2 or 4): KS warps share each WR rows, each owning D / KS columns of Q and O
 // (BR / WR x KS warps). Tiles are fp16
 // [rows][D + 8] in shared memory: the 16-byte row padding puts the 8 row addresses of a
 // matrix load in distinct banks.
@@ -47,11 +47,11 @@ struct FwdShape {
   // not split evenly over the threads: in_tile, common/tile_io.cuh)
   static constexpr int kQLoads = (BR * kChunks + kThreads - 1) / kThreads;
   static constexpr int kTileLoads = (BC * kChunks + kThreads - 1) / kThreads;
-  static_assert(D % 16 == 0 && D <= 256, "head dim: a multiple of 16, at most 256");
+  static_assert(D % 16 == 0 && D <= 512, "head dim: a multiple of 16, at most 512");
   static_assert(BR % 16 == 0 && BC % 16 == 0, "tiles: multiples of 16");
   static_assert((WR == 16 || WR == 32) && BR % WR == 0, "warp rows: 16 or 32, dividing BR");
-  static_assert((KS == 1 || KS == 2) && D % (16 * KS) == 0,
-                "dim split: 1 or 2 warps per row slice, each a multiple of 16 columns");
+  static_assert((KS == 1 || KS == 2 || KS == 4) && D % (16 * KS) == 0,
+                "dim split: 1, 2 or 4 warps per row slice, each a multiple of 16 columns");
 };
 
 }  // namespace fa2

@@ -1,4 +1,4 @@
-// The score exchange of a dim split (sm75, targets.json "dim_split" 2): two warps that share
+// The score exchange of a dim split (sm75, targets.json "dim_split" 2 or 4): warps that share
 // rows (forward) or keys (backward) each hold half of the head dim, so each computes a
 // partial score tile over its half. Each writes its partials to its own shared-memory slot
 // (a float4 per lane and n8 tile, in the accumulator layout, so the partner's lane reads
@@ -64,6 +64,30 @@ __device__ __forceinline__ void add_partial(float (&a)[N][4], float (&b)[N][4], 
   for (int i = 0; i < N; ++i) {
     add_float4(a[i], at[i * 32]);
     add_float4(b[i], at[(N + i) * 32]);
+  }
+}
+
+// Four warps (KS = 4, d512) share the rows: each sums all four slots of its group, its own
+// included, in warp order, so that all four hold the same sum (fp32 addition is not
+// associative: one order for all). `first`: this lane's float4 in the group's first slot;
+// slots of `slot` float4s each.
+template <int KS, int N>
+__device__ __forceinline__ void sum_partials(float (&a)[N][4], const float4* first, int slot) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float4 x = first[i * 32];
+#pragma unroll
+    for (int j = 1; j < KS; ++j) {
+      const float4 y = first[j * slot + i * 32];
+      x.x += y.x;
+      x.y += y.y;
+      x.z += y.z;
+      x.w += y.w;
+    }
+    a[i][0] = x.x;
+    a[i][1] = x.y;
+    a[i][2] = x.z;
+    a[i][3] = x.w;
   }
 }
 

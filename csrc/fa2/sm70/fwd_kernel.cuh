@@ -28,6 +28,12 @@
 // Shared memory: K [BC][D+8], V [BC][D+8], then Q [BR][D+8] and the warps' S / P
 // scratch [WR][BC+8] fp32, which overlap with q_in_regs (Q is only read before the first tile): that is
 // what lets two CTAs share a V100 SM at d <= 128.
+//
+// Dim split (KS = 4, d512: whole rows would need 256 accumulator registers per lane): KS
+// warps share WR rows, each owning D / KS columns of Q and O. Each stores its partial S to
+// its own scratch; the group meets at named barrier 1 + rw; each reads the KS partials of
+// its rows and sums them in warp order (one order: all KS warps get the same S and run
+// the same softmax), and meets the group again before P overwrites its scratch.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -53,9 +59,8 @@ namespace fa2 {
 namespace sm70 {
 
 template <int D, int BR, int BC, KvPrefetch PREFETCH, bool Q_IN_REGS, int WR = 16, int KS = 1>
-struct FwdConfig : FwdShape<D, BR, BC, WR> {
-  using Shape = FwdShape<D, BR, BC, WR>;
-  static_assert(KS == 1, "sm70 kernel: no dim split (each warp owns whole rows of O)");
+struct FwdConfig : FwdShape<D, BR, BC, WR, KS> {
+  using Shape = FwdShape<D, BR, BC, WR, KS>;
   static constexpr bool kPrefetch = PREFETCH == KvPrefetch::kBoth;
   static constexpr bool kQInRegs = Q_IN_REGS;
   static constexpr int kSStride = BC + 8;  // fp32 S scratch row stride (floats)
@@ -94,7 +99,9 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>;
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
   constexpr int SS = C::kSStride, PS = C::kPStride;
-  constexpr int MS = C::kSlices, WR = C::kWarpRows;
+  constexpr int MS = C::kSlices, WR = C::kWarpRows, KS = C::kDimSplit;
+  constexpr int DW = D / KS;  // head-dim columns of Q and O this warp holds
+  static_assert(KS == 1 || BR / WR <= 15, "dim split: one named barrier per row group (ids 1..15)");
   constexpr int NJ = BC / 8;  // 8-column groups of S per row
   constexpr int NS = Acc::num_elements;  // accumulator slots per lane
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -105,6 +112,8 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int lr = lane >> 1, half = lane & 1;  // softmax layout: row lr, 4-col half
+  // rw: the row group (WR rows) of this warp; its columns start at c0 (dim split)
+  const int rw = warp / KS, c0 = KS > 1 ? (warp % KS) * DW : 0;
   // Prefill: (m-block, head, batch); serving: (m-block, kv head, partition).
   const int h = blockIdx.y, b = blockIdx.z;
   // Last m-block first: with causal masking it has the most key tiles (less tail).
@@ -121,7 +130,7 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
   // 8-bit cache: the descales (and E4M3's 2^8) fold into the softmax scale and 1 / l
   const KvScales kvs = kv_scales<KV8>(p, w, h);
   const SoftmaxScale sc = softmax_scale(p, kvs.k);
-  const bool warp_on = !SERVING || m0 + warp * WR < sq;
+  const bool warp_on = !SERVING || m0 + rw * WR < sq;
 
   // The row (0..15 of an m16 slice) of each accumulator slot of this lane, 4 bits per slot
   // (one register): the same for every accumulator fragment, so the softmax lane 2 * row
@@ -164,15 +173,15 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
     store_tile<C, BR>(sQ, qr, tid);
   }
 
-  Acc o[MS][D / 16];
+  Acc o[MS][DW / 16];
 #pragma unroll
   for (int ms = 0; ms < MS; ++ms)
 #pragma unroll
-    for (int j = 0; j < D / 16; ++j) wmma::fill_fragment(o[ms][j], 0.f);
+    for (int j = 0; j < DW / 16; ++j) wmma::fill_fragment(o[ms][j], 0.f);
   float row_max[MS], row_sum[MS];
 #pragma unroll
   for (int ms = 0; ms < MS; ++ms) row_max[ms] = -INFINITY, row_sum[ms] = 0.f;
-  const int row0 = m0 + warp * WR + lr;  // this lane's query row of slice 0
+  const int row0 = m0 + rw * WR + lr;  // this lane's query row of slice 0
 
   KvStage<KL, KV> stage_k, stage_v;
   if (t_lo < t_hi) {
@@ -185,13 +194,13 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
   }
   __syncthreads();
 
-  const __half* sQw = sQ + warp * WR * ST;
-  [[maybe_unused]] FragA qf[C::kQInRegs ? MS : 1][C::kQInRegs ? D / 16 : 1];
+  const __half* sQw = sQ + rw * WR * ST + c0;
+  [[maybe_unused]] FragA qf[C::kQInRegs ? MS : 1][C::kQInRegs ? DW / 16 : 1];
   if constexpr (C::kQInRegs) {
 #pragma unroll
     for (int ms = 0; ms < MS; ++ms)
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
+      for (int kk = 0; kk < DW / 16; ++kk)
         wmma::load_matrix_sync(qf[ms][kk], sQw + ms * 16 * ST + kk * 16, ST);
     __syncthreads();  // the scratch overlaps every warp's Q rows
   }
@@ -214,7 +223,7 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 #pragma unroll
         for (int nn = 0; nn < BC / 16; ++nn) wmma::fill_fragment(acc[ms][nn], 0.f);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < DW / 16; ++kk) {
         FragA a[MS];
 #pragma unroll
         for (int ms = 0; ms < MS; ++ms) {
@@ -226,7 +235,7 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 #pragma unroll
         for (int nn = 0; nn < BC / 16; ++nn) {
           wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bk;
-          wmma::load_matrix_sync(bk, sK + nn * 16 * ST + kk * 16, ST);
+          wmma::load_matrix_sync(bk, sK + nn * 16 * ST + kk * 16 + c0, ST);
 #pragma unroll
           for (int ms = 0; ms < MS; ++ms) wmma::mma_sync(acc[ms][nn], a[ms], bk, acc[ms][nn]);
         }
@@ -238,7 +247,10 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
           wmma::store_matrix_sync(scratch + ms * 16 * SS + nn * 16, acc[ms][nn], SS,
                                   wmma::mem_row_major);
     }
-    __syncwarp();
+    if constexpr (KS > 1)
+      named_barrier(1 + rw, 32 * KS);  // the group's partial S stored
+    else
+      __syncwarp();
     // ---- softcap, masking, online softmax (fp32); P -> sP as fp16
     float alpha[MS];
 #pragma unroll
@@ -247,11 +259,25 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
       float s[NJ][4];
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
-        const float4 v4 = *reinterpret_cast<const float4*>(srow + j * 8 + half * 4);
-        s[j][0] = v4.x;
-        s[j][1] = v4.y;
-        s[j][2] = v4.z;
-        s[j][3] = v4.w;
+        if constexpr (KS == 1) {
+          const float4 v4 = *reinterpret_cast<const float4*>(srow + j * 8 + half * 4);
+          s[j][0] = v4.x;
+          s[j][1] = v4.y;
+          s[j][2] = v4.z;
+          s[j][3] = v4.w;
+        } else {  // the group's partials, summed in warp order
+          s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+          for (int x = 0; x < KS; ++x) {
+            const float* xrow = reinterpret_cast<const float*>(
+                scratch_base + (rw * KS + x) * C::kWarpScratchBytes) + (ms * 16 + lr) * SS;
+            const float4 v4 = *reinterpret_cast<const float4*>(xrow + j * 8 + half * 4);
+            s[j][0] += v4.x;
+            s[j][1] += v4.y;
+            s[j][2] += v4.z;
+            s[j][3] += v4.w;
+          }
+        }
       }
       if constexpr (KV == kReadRowScaled) {  // int8 cache: each key's scale on its score
 #pragma unroll
@@ -283,7 +309,10 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
       float bias;
       alpha[ms] = online_rescale(row_max[ms], mx, sc.sl2, bias);
       float sum = 0.f;
-      __syncwarp();  // both lanes of the row have read it before P overwrites its front
+      if constexpr (KS > 1)
+        named_barrier(1 + rw, 32 * KS);  // the group has read these rows before P overwrites them
+      else
+        __syncwarp();  // both lanes of the row have read it before P overwrites its front
       __half* prow = sP + (ms * 16 + lr) * PS;
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
@@ -320,16 +349,16 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 #pragma unroll
         for (int i = 0; i < NS; ++i) a_slot[i] = row_value(alpha[ms], i);
 #pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn)
+        for (int dn = 0; dn < DW / 16; ++dn)
 #pragma unroll
           for (int i = 0; i < NS; ++i) o[ms][dn].x[i] *= a_slot[i];
       }
 #pragma unroll
-      for (int dn = 0; dn < D / 16; ++dn)
+      for (int dn = 0; dn < DW / 16; ++dn)
 #pragma unroll
         for (int kt = 0; kt < BC / 16; ++kt) {
           wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> bv;
-          wmma::load_matrix_sync(bv, sV + kt * 16 * ST + dn * 16, ST);
+          wmma::load_matrix_sync(bv, sV + kt * 16 * ST + dn * 16 + c0, ST);
 #pragma unroll
           for (int ms = 0; ms < MS; ++ms) wmma::mma_sync(o[ms][dn], pa[ms][kt], bv, o[ms][dn]);
         }
@@ -363,7 +392,7 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 #pragma unroll
     for (int i = 0; i < NS; ++i) inv_slot[i] = row_value(inv, i);
 #pragma unroll
-    for (int dn = 0; dn < D / 16; ++dn)
+    for (int dn = 0; dn < DW / 16; ++dn)
 #pragma unroll
       for (int i = 0; i < NS; ++i) o[ms][dn].x[i] *= inv_slot[i];
   }
@@ -384,12 +413,12 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
         const int row = row0 + ms * 16;
         if (!warp_on) continue;
         const int64_t a = row < sq ? accum_row(p, b, h, row) : 0;
-        if (half == 0 && row < sq) p.lse_accum[a] = partial_lse(sc, l[ms], row_max[ms]);
+        if (half == 0 && c0 == 0 && row < sq) p.lse_accum[a] = partial_lse(sc, l[ms], row_max[ms]);
 #pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
+        for (int dn = 0; dn < DW / 16; ++dn) {
           float v[8];
           stage_row(ms, dn, v);
-          const int col = dn * 16 + half * 8;
+          const int col = c0 + dn * 16 + half * 8;
           if (row < sq && col < p.head_dim) {
             float4* dst = reinterpret_cast<float4*>(p.o_accum + a * p.head_dim + col);
             dst[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -403,7 +432,7 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 #pragma unroll
     for (int ms = 0; ms < MS; ++ms) {
       const int row = row0 + ms * 16;
-      if (half == 0 && row < sq)
+      if (half == 0 && c0 == 0 && row < sq)
         p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
             row_lse(sc, l[ms], row_max[ms]);
     }
@@ -412,15 +441,15 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 #pragma unroll
     for (int ms = 0; ms < MS; ++ms) {
       const int row = row0 + ms * 16;
-      if (half == 0 && row < sq) p.lse[lse_off + row] = row_lse(sc, l[ms], row_max[ms]);
+      if (half == 0 && c0 == 0 && row < sq) p.lse[lse_off + row] = row_lse(sc, l[ms], row_max[ms]);
     }
   }
 #pragma unroll
   for (int ms = 0; ms < MS; ++ms) {
-    const int slice = warp * MS + ms;
+    const int slice = rw * MS + ms;
     __half* sO = sQ + slice * 16 * ST;
 #pragma unroll
-    for (int dn = 0; dn < D / 16; ++dn) {
+    for (int dn = 0; dn < DW / 16; ++dn) {
       float v[8];
       stage_row(ms, dn, v);
       uint4 pk;
@@ -428,10 +457,13 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
       pk.y = pack_half2(v[2], v[3]);
       pk.z = pack_half2(v[4], v[5]);
       pk.w = pack_half2(v[6], v[7]);
-      *reinterpret_cast<uint4*>(sO + lr * ST + dn * 16 + half * 8) = pk;
+      *reinterpret_cast<uint4*>(sO + lr * ST + c0 + dn * 16 + half * 8) = pk;
     }
-    __syncwarp();
-    store_o_slice<C, SERVING>(p, o_off, sO, m0, slice, sq, lane);
+    if constexpr (KS > 1)
+      named_barrier(1 + rw, 32 * KS);  // every part of the slice staged
+    else
+      __syncwarp();
+    store_o_slice<C, SERVING>(p, o_off, sO, m0, slice, sq, lane, warp % KS);
   }
 }
 

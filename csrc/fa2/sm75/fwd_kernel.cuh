@@ -22,7 +22,11 @@
 // head dim of Q and O (64 O accumulators instead of 128, Q in registers); they sum their
 // partial S through shared memory (common/dim_split.cuh), run the same softmax, and each
 // multiplies P by its half of V. Every warp reads half of each K and V tile, so a d256
-// tile costs a warp as much shared memory as a d128 one.
+// tile costs a warp as much shared memory as a d128 one. KS = 4 (d512): four warps share
+// 16 rows, each with a quarter of the head dim (64 O accumulators), and each sums the four
+// partial S tiles in warp order. The serving instantiation takes a dim split too (d512 has
+// no other way to hold O): each warp writes its columns of the partials and of the output;
+// the first warp of the group writes the LSE.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -81,7 +85,6 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
   constexpr bool KV8 = KV != kReadF16;  // fa2.h KvRead: a cache of one-byte codes
   constexpr int D = C::kHeadDim, BR = C::kBlockM, BC = C::kBlockN, ST = C::kStride;
   constexpr int MS = C::kSlices, WR = C::kWarpRows, KS = C::kDimSplit;
-  static_assert(KS == 1 || !SERVING, "dim split: prefill only (the serving epilogues write whole rows)");
   static_assert(KS == 1 || BR / WR <= 15, "dim split: one named barrier per row group (ids 1..15)");
   constexpr int DW = D / KS;  // head-dim columns of Q and O this warp holds
   constexpr int NT = BC / 8;  // n8 tiles of S per slice
@@ -174,9 +177,10 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 
   const int k_frag = ((lane & 7) + (lane >> 4) * 8) * ST + ((lane >> 3) & 1) * 8 + c0;
   const int v_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8 + c0;
-  // dim split (KS = 2): the exchange slots (common/dim_split.cuh) after the tiles, MS x NT
-  // float4 per lane; the pair meets at named barrier 1 + rw
+  // dim split: the exchange slots (common/dim_split.cuh) after the tiles, MS x NT float4
+  // per lane; the KS warps of a row group meet at named barrier 1 + rw
   [[maybe_unused]] const PairSlots xs = pair_slots(smem_raw + C::kTileBytes, warp, MS * NT * 32, lane);
+  [[maybe_unused]] const float4* const group_first = xs.mine - (warp % KS) * MS * NT * 32;
 
   for (int t = t_lo; t < t_hi; ++t) {
     const int n0 = t * BC;
@@ -224,13 +228,18 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
       }
     }
     if constexpr (KS > 1) {
-      // S = this half's partial + the partner's. The slot is rewritten next tile only
-      // after a CTA barrier of this one, which the partner reaches after its read.
+      // S = the sum of the group's partials. A slot is rewritten next tile only after a
+      // CTA barrier of this one, which the other warps reach after their reads.
 #pragma unroll
       for (int ms = 0; ms < MS; ++ms) put_partial(xs.mine + ms * NT * 32, s[ms]);
       named_barrier(1 + rw, 32 * KS);
 #pragma unroll
-      for (int ms = 0; ms < MS; ++ms) add_partial(s[ms], xs.peer + ms * NT * 32);
+      for (int ms = 0; ms < MS; ++ms) {
+        if constexpr (KS == 2)  // this half's partial + the partner's (a + b == b + a)
+          add_partial(s[ms], xs.peer + ms * NT * 32);
+        else
+          sum_partials<KS>(s[ms], group_first + ms * NT * 32, MS * NT * 32);
+      }
     }
     if constexpr (KV == kReadRowScaled) {  // int8 cache: each key's scale on its score column
 #pragma unroll
@@ -384,10 +393,10 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
         const int row = r0 + ms * 16 + hr * 8;
         if (row >= sq) continue;
         const int64_t a = accum_row(p, b, h, row);
-        if (tig == 0) p.lse_accum[a] = partial_lse(sc, l[ms][hr], row_max[ms][hr]);
+        if (tig == 0 && c0 == 0) p.lse_accum[a] = partial_lse(sc, l[ms][hr], row_max[ms][hr]);
 #pragma unroll
         for (int i = 0; i < DT; ++i) {
-          const int col = i * 8 + tig * 2;
+          const int col = c0 + i * 8 + tig * 2;
           if (col < p.head_dim)
             *reinterpret_cast<float2*>(p.o_accum + a * p.head_dim + col) =
                 make_float2(o[ms][i][2 * hr], o[ms][i][2 * hr + 1]);
@@ -401,7 +410,7 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int row = r0 + ms * 16 + hr * 8;
-      if (tig == 0 && row < sq)
+      if (tig == 0 && c0 == 0 && row < sq)
         p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
             row_lse(sc, l[ms][hr], row_max[ms][hr]);
     }
@@ -437,7 +446,7 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
           pack_half2(o[ms][i][2], o[ms][i][3]);
     }
     if constexpr (KS > 1)
-      named_barrier(1 + rw, 32 * KS);  // both halves of the slice staged
+      named_barrier(1 + rw, 32 * KS);  // every part of the slice staged
     else
       __syncwarp();
     store_o_slice<C, SERVING>(p, o_off, sO, m0, slice, sq, lane, warp % KS);
