@@ -143,3 +143,30 @@ def test_varlen_paged_in_a_cuda_graph_with_a_plan():
         want, _ = _ref(q[None, o:o + nq], ks[None], vs[None], sinks.float(), True)
         assert (out[o:o + nq].float() - want[0]).abs().max().item() <= 4e-3, f"sequence {b}"
         o += nq
+
+
+@pytest.mark.parametrize("path", ["prefill", "decode", "split"])
+def test_sinks_far_from_the_scores(path):
+    """Sinks 100 above or below every score (the kernels' exp(s_h - max) would overflow
+    fp32 taken naively): out ~0 / unchanged, lse ~s_h / unchanged; prefill, the serving
+    kernel's final rows and the split-KV combine."""
+    h, d = 8, 64
+    sinks = torch.tensor([100.0, -100.0, 30.0, -30.0, 0.0, 88.0, 90.0, -90.0], device="cuda")
+    if path == "prefill":
+        q, k, v, _ = _inputs(2, 77, 200, h, 2, d, seed=7)
+        out, lse, _ = fa2.flash_attn_func(q, k, v, causal=True, s_aux=sinks,
+                                          return_attn_probs=True)
+        want, want_lse = _ref(q, k, v, sinks, True)
+        _compare(f"{ARCH} far sinks prefill", out, lse, want, want_lse)
+        return
+    lens = [3000, 5]
+    kc, vc, bt = paged_cache(lens, 16, 2, d, seed=8)
+    q = torch.randn(2, 1, h, d, device="cuda", dtype=torch.float16)
+    out, lse = fa2.flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+        block_table=bt, causal=True, num_splits=1 if path == "decode" else 0, s_aux=sinks,
+        return_softmax_lse=True)
+    for b, n in enumerate(lens):
+        ks, vs = gather_paged(kc, bt, b, n), gather_paged(vc, bt, b, n)
+        want, want_lse = _ref(q[b:b + 1], ks[None], vs[None], sinks, True)
+        _compare(f"{ARCH} far sinks {path} seq {b}", out[b:b + 1], lse[b:b + 1], want, want_lse)
