@@ -39,6 +39,10 @@ struct FwdParams {
   float scale;             // softmax scale
   float softcap;           // 0: off; else s = softcap * tanh(s * scale / softcap)
   int window_left, window_right;  // -1: unbounded; causal is window_right = 0
+  // Attention sinks (null: none): float32 [heads], one logit per query head that joins
+  // every row's softmax denominator with no value (gpt-oss). Applied where a row's output
+  // is final (the epilogues; run_combine for split rows), never in fp32 partials.
+  const float* sinks;
 
   // ---- Serving (run_serving only; zero for the prefill kernels). Query heads of one GQA
   // group are packed into the rows: packed row r of sequence b is query token r / group of

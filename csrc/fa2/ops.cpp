@@ -241,6 +241,20 @@ FwdParams base_params(const char* op, const Tensor& q, const Tensor& k, const Te
   return p;
 }
 
+// Attention sinks: float32 [num_heads], contiguous, on q's device (one logit per query head).
+const float* sinks_ptr(const char* op, const std::optional<Tensor>& sinks, const Tensor& q,
+                       int64_t heads) {
+  if (!sinks.has_value()) return nullptr;
+  const Tensor& s = *sinks;
+  check_cuda(op, "sinks", s, q);
+  FA2_CHECK(s.scalar_type() == ScalarType::Float, op, "sinks has dtype ",
+            scalar_name(s.scalar_type()), "; it must be float32 (cast with .float())");
+  FA2_CHECK(s.dim() == 1 && s.size(0) == heads, op, "sinks must be [num_heads] = [", heads,
+            "], one logit per query head, got shape ", shape_str(s));
+  FA2_CHECK(s.is_contiguous(), op, "sinks must be contiguous");
+  return static_cast<const float*>(s.const_data_ptr());
+}
+
 void fill_options(FwdParams& p, double scale, bool causal, int64_t wl, int64_t wr,
                   double softcap) {
   p.scale = static_cast<float>(scale);
@@ -250,7 +264,8 @@ void fill_options(FwdParams& p, double scale, bool causal, int64_t wl, int64_t w
 }
 
 void fwd_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, double softmax_scale,
-            bool causal, int64_t window_left, int64_t window_right, double softcap) {
+            bool causal, int64_t window_left, int64_t window_right, double softcap,
+            std::optional<Tensor> sinks) {
   const char* op = "fwd";
   const Common c = check_qkv(op, q, k, v, out, 2, "[batch, seqlen, num_heads, head_dim]");
   FA2_CHECK(k.size(0) == q.size(0), op, "q has batch ", q.size(0), " but k has ", k.size(0));
@@ -260,6 +275,7 @@ void fwd_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, double softmax
   check_int32(op, "batch", B);
   check_int32(op, "seqlen_q", sq);
   check_int32(op, "seqlen_k", sk);
+  const float* sink = sinks_ptr(op, sinks, q, c.heads);
   require_cuda(op, q);
   if (B == 0 || sq == 0 || c.heads == 0) return;
   FwdParams p = base_params(op, q, k, v, out, lse, c, B, 2);
@@ -268,6 +284,7 @@ void fwd_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, double softmax
   p.seqlen_q = static_cast<int>(sq);
   p.seqlen_k = static_cast<int>(sk);
   fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
+  p.sinks = sink;
   launch(op, q, p);
 }
 
@@ -310,7 +327,7 @@ void fill_varlen(FwdParams& p, const Tensor& lse, const Tensor& cu_seqlens_q,
 void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
                    Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                    double softmax_scale, bool causal, int64_t window_left,
-                   int64_t window_right, double softcap) {
+                   int64_t window_right, double softcap, std::optional<Tensor> sinks) {
   const char* op = "fwd_varlen";
   const Common c = check_qkv(op, q, k, v, out, 1, "[total_tokens, num_heads, head_dim]");
   const int64_t total_q = q.size(0);
@@ -318,11 +335,13 @@ void fwd_varlen_op(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor 
   check_varlen(op, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   check_options(op, softmax_scale, window_left, window_right, softcap);
   const int64_t B = cu_seqlens_q.size(0) - 1;
+  const float* sink = sinks_ptr(op, sinks, q, c.heads);
   require_cuda(op, q);
   if (B == 0 || max_seqlen_q == 0 || total_q == 0 || c.heads == 0) return;
   FwdParams p = base_params(op, q, k, v, out, lse, c, B, 1);
   fill_varlen(p, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
+  p.sinks = sink;
   launch(op, q, p);
 }
 
@@ -605,7 +624,8 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
                     int64_t max_seqlen_q, int64_t seqlen_k, int64_t seqused_add,
                     double softmax_scale, bool causal, int64_t window_left,
                     int64_t window_right, double softcap, int64_t kv_format,
-                    std::optional<Tensor> k_descale, std::optional<Tensor> v_descale) {
+                    std::optional<Tensor> k_descale, std::optional<Tensor> v_descale,
+                    std::optional<Tensor> sinks) {
   const char* op = "fwd_serving";
   const bool varlen = cu_seqlens_q.has_value(), paged = block_table.has_value();
   const int qd = varlen ? 3 : 4;
@@ -713,6 +733,7 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
                       {"cache capacity", capacity}, {"num_blocks", n_blocks},
                       {"seqused_add", seqused_add}})
     check_int32(op, n, v);
+  const float* sink = sinks_ptr(op, sinks, q, heads);
   require_cuda(op, q);
   if (B == 0 || sq_max == 0 || total_q == 0) return;
   FwdParams p{};
@@ -737,6 +758,7 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   p.seqlen_k = static_cast<int>(std::max<int64_t>(seqlen_k, 0));
   p.head_dim = static_cast<int>(hd);
   fill_options(p, softmax_scale, causal, window_left, window_right, softcap);
+  p.sinks = sink;
   p.group = static_cast<int>(group);
   p.total_q = static_cast<int>(total_q);
   p.seqused_k = index_ptr(seqused_k);
@@ -852,18 +874,20 @@ void set_occupancy_emulation_op(int64_t smem_per_sm, int64_t threads_per_sm) {
 SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, float softmax_scale, "
-      "bool causal, int window_left, int window_right, float softcap) -> ()");
+      "bool causal, int window_left, int window_right, float softcap, Tensor? sinks=None) -> ()");
   m.def(
       "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, "
       "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
-      "float softmax_scale, bool causal, int window_left, int window_right, float softcap) -> ()");
+      "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
+      "Tensor? sinks=None) -> ()");
   m.def(
       "fwd_serving(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!) lse, "
       "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cu_seqlens_k, Tensor? block_table, "
       "Tensor? cache_batch_idx, Tensor? cache_leftpad, Tensor partitions, Tensor split_offsets, "
       "Tensor(c!) o_accum, Tensor(d!) lse_accum, int max_seqlen_q, int seqlen_k, "
       "int seqused_add, float softmax_scale, bool causal, int window_left, int window_right, "
-      "float softcap, int kv_format, Tensor? k_descale, Tensor? v_descale) -> ()");
+      "float softcap, int kv_format, Tensor? k_descale, Tensor? v_descale, "
+      "Tensor? sinks=None) -> ()");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, "
       "Tensor(b!) dk, Tensor(c!) dv, Tensor(d!) dq_accum, Tensor(e!) dsum, float softmax_scale, "

@@ -21,7 +21,8 @@ constexpr int kCombineRows = 4;  // one warp per packed row
 
 // Per (packed row r, kv head hk) of a sequence b with several partitions: the partials'
 // LSEs give the weights exp(lse_s - lse) of their (already normalized) outputs; lse =
-// log sum_s exp(lse_s). A row that saw no key in any partition: 0 and lse = +inf.
+// log sum_s exp(lse_s) (and exp(s_h) of a sink). A row that saw no key in any partition:
+// 0 and lse = +inf (s_h with a sink).
 __global__ void __launch_bounds__(32 * kCombineRows) combine_kernel(const FwdParams p) {
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.x * kCombineRows + (threadIdx.x >> 5), hk = blockIdx.y, b = blockIdx.z;
@@ -37,7 +38,11 @@ __global__ void __launch_bounds__(32 * kCombineRows) combine_kernel(const FwdPar
   if (mx != -INFINITY)
     for (int s = lane; s < ns; s += 32) sum += __expf(p.lse_accum[accum_row(p, z0 + s, hk, r)] - mx);
   for (int m = 16; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-  const float lse = sum > 0.f ? mx + __logf(sum) : INFINITY;
+  float lse = sum > 0.f ? mx + __logf(sum) : INFINITY;
+  if (p.sinks != nullptr) {  // the sink joins the merged denominator (fa2.h FwdParams::sinks)
+    const float s = p.sinks[hk * p.group + r % p.group];
+    lse = sum > 0.f ? fmaxf(lse, s) + log1pf(__expf(-fabsf(lse - s))) : s;
+  }
   int64_t o_off, lse_off;
   detail::serving_out_offsets(p, w, 0, hk * p.group, o_off, lse_off);
   __half* o = static_cast<__half*>(p.o) +

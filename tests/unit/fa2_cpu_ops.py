@@ -34,11 +34,12 @@ NO_BWD: set[int] = {256}
 
 _lib = torch.library.Library(NS, "DEF")
 _lib.define("fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, float softmax_scale, "
-            "bool causal, int window_left, int window_right, float softcap) -> ()")
+            "bool causal, int window_left, int window_right, float softcap, "
+            "Tensor? sinks=None) -> ()")
 _lib.define("fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, "
             "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
             "float softmax_scale, bool causal, int window_left, int window_right, "
-            "float softcap) -> ()")
+            "float softcap, Tensor? sinks=None) -> ()")
 _lib.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, "
             "Tensor(b!) dk, Tensor(c!) dv, Tensor(d!) dq_accum, Tensor(e!) dsum, "
             "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
@@ -55,22 +56,23 @@ def _window(causal, left, right):
     return (left, 0 if causal else right)
 
 
-def _fwd(q, k, v, out, lse, scale, causal, left, right, softcap):
+def _fwd(q, k, v, out, lse, scale, causal, left, right, softcap, sinks=None):
     CALLS.append(dict(op="fwd"))
     o, l = reference(q.double(), k.double(), v.double(), scale, causal,
-                     _window(causal, left, right), softcap)
+                     _window(causal, left, right), softcap, sinks)
     out.copy_(o.to(out.dtype))
     lse.copy_(l.to(lse.dtype))
 
 
-def _fwd_varlen(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right, softcap):
+def _fwd_varlen(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right, softcap,
+                sinks=None):
     CALLS.append(dict(op="fwd_varlen", max_q=max_q, max_k=max_k))
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for b in range(len(cq) - 1):
         qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
         assert cq[b + 1] - cq[b] <= max_q and ck[b + 1] - ck[b] <= max_k
         o, l = reference(q[None, qs].double(), k[None, ks].double(), v[None, ks].double(), scale,
-                         causal, _window(causal, left, right), softcap)
+                         causal, _window(causal, left, right), softcap, sinks)
         out[qs] = o[0].to(out.dtype)
         lse[:, qs] = l[0].to(lse.dtype)
 
@@ -139,7 +141,7 @@ _lib.impl("bwd", _bwd, "CPU")
 _lib.impl("bwd_varlen", _bwd_varlen, "CPU")
 _lib.impl("bwd_supported", lambda head_dim: head_dim not in NO_BWD, "CompositeExplicitAutograd")
 for _name in ("fwd", "fwd_varlen", "bwd", "bwd_varlen"):
-    torch.library.register_fake(f"{NS}::{_name}")(lambda *a: None)
+    torch.library.register_fake(f"{NS}::{_name}")(lambda *a, **kw: None)
 
 
 def use(monkeypatch, ops=None):

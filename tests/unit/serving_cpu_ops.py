@@ -34,7 +34,7 @@ class ServingReference:
                     cu_seqlens_k, block_table, cache_batch_idx, leftpad, partitions,
                     split_offsets, o_accum, lse_accum, max_seqlen_q, seqlen_k_bound,
                     seqused_add, scale, causal, left, right, softcap, kv_format, k_descale,
-                    v_descale):
+                    v_descale, sinks=None):
         self.calls += 1
         self.kv_format = kv_format
         varlen = cu_seqlens_q is not None
@@ -63,7 +63,7 @@ class ServingReference:
             k, v = k.double(), v.double()
             qs = slice(int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])) if varlen else b
             o, l = reference(q[qs][None].double(), k[None], v[None], scale, causal,
-                             (left, right), softcap)
+                             (left, right), softcap, sinks)
             out[qs] = o[0].to(out.dtype)
             if varlen:
                 lse[:, qs] = l[0].float()

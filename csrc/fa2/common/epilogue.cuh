@@ -24,6 +24,24 @@ __device__ __forceinline__ float row_lse(const SoftmaxScale& sc, float l, float 
   return l > 0.f ? row_max * sc.nat + __logf(l) : INFINITY;
 }
 
+// A row's final 1 / l and LSE, with the sink s_h of its query head where sinks is not
+// null: the denominator gains exp(s_h), which in the row's own scale (m, its max as a
+// natural-log score) is exp(s_h - m) added to l; the LSE is logaddexp(lse, s_h), taken
+// from the larger side so that neither overflows. A row that saw no key: 0 and lse = s_h
+// (+inf without a sink).
+struct RowEnd {
+  float inv, lse;
+};
+__device__ __forceinline__ RowEnd row_end(const SoftmaxScale& sc, float l, float row_max,
+                                          const float* sinks, int head) {
+  if (sinks == nullptr) return {inv_row_sum(l), row_lse(sc, l, row_max)};
+  const float s = sinks[head];
+  if (!(l > 0.f)) return {0.f, s};
+  const float m = row_max * sc.nat, d = s - m;
+  const float denom = l + __expf(d);  // +inf past d = 88: the output is then 0
+  return {1.f / denom, d > 0.f ? s + log1pf(l * __expf(-d)) : m + __logf(denom)};
+}
+
 // Element offsets of the first output row (in p.o) and of the LSE row (in p.lse) of
 // (batch b, head h). Offsets, not pointers: added to p.o / p.lse at the stores they keep
 // the base computed once; a pointer from here made the compiler re-add the head offset

@@ -383,11 +383,17 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
   // ---- epilogue: O / l and LSE per row; O leaves the accumulators slice by slice through
   // the warp's 16x16 staging tile, to fp16 rows in sO (or fp32 partials)
   [[maybe_unused]] int64_t o_off, lse_off;
-  float l[MS];
+  float l[MS], lse_end[MS];
+  // prefill: query head h; serving: the packed row's (split rows: run_combine adds sinks)
+  const float* sinks = p.sinks;
+  if constexpr (SERVING) sinks = w.split ? nullptr : p.sinks;
 #pragma unroll
   for (int ms = 0; ms < MS; ++ms) {
     l[ms] = row_allreduce_sum<2>(row_sum[ms]);
-    const float inv = inv_row_sum(l[ms]) * kvs.v;
+    const int row = row0 + ms * 16;
+    const RowEnd e = row_end(sc, l[ms], row_max[ms], sinks, SERVING ? h * p.group + row % p.group : h);
+    lse_end[ms] = e.lse;
+    const float inv = e.inv * kvs.v;
     float inv_slot[NS];
 #pragma unroll
     for (int i = 0; i < NS; ++i) inv_slot[i] = row_value(inv, i);
@@ -433,15 +439,14 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
     for (int ms = 0; ms < MS; ++ms) {
       const int row = row0 + ms * 16;
       if (half == 0 && c0 == 0 && row < sq)
-        p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
-            row_lse(sc, l[ms], row_max[ms]);
+        p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] = lse_end[ms];
     }
   } else {
     out_offsets(p, b, h, o_off, lse_off);
 #pragma unroll
     for (int ms = 0; ms < MS; ++ms) {
       const int row = row0 + ms * 16;
-      if (half == 0 && c0 == 0 && row < sq) p.lse[lse_off + row] = row_lse(sc, l[ms], row_max[ms]);
+      if (half == 0 && c0 == 0 && row < sq) p.lse[lse_off + row] = lse_end[ms];
     }
   }
 #pragma unroll

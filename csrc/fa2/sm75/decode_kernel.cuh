@@ -244,11 +244,15 @@ __global__ void __maxnreg__(decode_max_regs<KV>()) decode_kernel(const FwdParams
   }
 
   // ---- epilogue: O / l and the LSE per row; fp32 partials, or O staged through sK
-  float l[2];
+  float l[2], lse_end[2];
+  const float* const sinks = w.split ? nullptr : p.sinks;  // split rows: run_combine's
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     l[j] = row_allreduce_sum<8, 4>(row_sum[j]);
-    const float inv = inv_row_sum(l[j]) * kvs.v;
+    const int row = r0 + j;  // packed: query head h * group + row % group
+    const RowEnd e = row_end(sc, l[j], row_max[j], sinks, h * p.group + row % p.group);
+    lse_end[j] = e.lse;
+    const float inv = e.inv * kvs.v;
 #pragma unroll
     for (int i = 0; i < D / 16; ++i) {
       o[i][j] *= inv;
@@ -278,8 +282,7 @@ __global__ void __maxnreg__(decode_max_regs<KV>()) decode_kernel(const FwdParams
   for (int j = 0; j < 2; ++j) {
     const int row = r0 + j;
     if (g == 0 && row < sq)
-      p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
-          row_lse(sc, l[j], row_max[j]);
+      p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] = lse_end[j];
   }
   __syncwarp();  // the last tile's reads of sK are done
   __half* const sO = sK;

@@ -372,13 +372,17 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
   // ---- epilogue: O / l, LSE; O staged through this warp's own rows of sQ
   [[maybe_unused]] int64_t o_off, lse_off;
   if constexpr (SERVING) {
-    float l[MS][2];
+    float l[MS][2], lse_end[MS][2];
+    const float* const sinks = w.split ? nullptr : p.sinks;  // split rows: run_combine's
 #pragma unroll
     for (int ms = 0; ms < MS; ++ms)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       l[ms][hr] = row_allreduce_sum<4>(row_sum[ms][hr]);
-      const float inv = inv_row_sum(l[ms][hr]) * kvs.v;
+      const int row = r0 + ms * 16 + hr * 8;  // packed: query head h * group + row % group
+      const RowEnd e = row_end(sc, l[ms][hr], row_max[ms][hr], sinks, h * p.group + row % p.group);
+      lse_end[ms][hr] = e.lse;
+      const float inv = e.inv * kvs.v;
 #pragma unroll
       for (int i = 0; i < DT; ++i) {
         o[ms][i][2 * hr] *= inv;
@@ -411,8 +415,7 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
     for (int hr = 0; hr < 2; ++hr) {
       const int row = r0 + ms * 16 + hr * 8;
       if (tig == 0 && c0 == 0 && row < sq)
-        p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] =
-            row_lse(sc, l[ms][hr], row_max[ms][hr]);
+        p.lse[lse_off + packed_row_offset(row, p.group, 1, p.lse_head_stride)] = lse_end[ms][hr];
     }
   } else {
     out_offsets(p, b, h, o_off, lse_off);
@@ -421,14 +424,15 @@ __global__ void __launch_bounds__(C::kThreads, KV != kReadF16 ? 1 : 0) fwd_kerne
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const float l = row_allreduce_sum<4>(row_sum[ms][hr]);
-      const float inv = inv_row_sum(l) * kvs.v;
+      const RowEnd e = row_end(sc, l, row_max[ms][hr], p.sinks, h);
+      const float inv = e.inv * kvs.v;
 #pragma unroll
       for (int i = 0; i < DT; ++i) {
         o[ms][i][2 * hr] *= inv;
         o[ms][i][2 * hr + 1] *= inv;
       }
       const int row = r0 + ms * 16 + hr * 8;
-      if (tig == 0 && c0 == 0 && row < sq) p.lse[lse_off + row] = row_lse(sc, l, row_max[ms][hr]);
+      if (tig == 0 && c0 == 0 && row < sq) p.lse[lse_off + row] = e.lse;
     }
   }
   if constexpr (C::kQInRegs)

@@ -307,11 +307,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ops, q, k, v, out = _prepare(fn, q, k, v)
     lse = torch.empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32, device=q.device)
     if q.shape[0] == k.shape[0] and _few_rows(q.shape[1], heads, kv_heads, hd, k.shape[1]):
-        _serving_module().dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap)
+        _serving_module().dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap,
+                                sinks)
     else:
-        ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap)
-    if sinks is not None:
-        lse = _sinks.fold(out, lse, sinks, return_attn_probs)
+        ops.fwd(q, k, v, out, lse, scale, causal, left, right, softcap, sinks=sinks)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -394,9 +393,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         res, lse = _serving_ops.varlen_paged(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
             causal, *_serving_ops.window(window_size), softcap, block_table, seqused_k,
-            k_descale, v_descale, kv_cache_dtype)
-        if sinks is not None:
-            lse = _sinks.fold(res, lse, sinks, return_attn_probs)
+            k_descale, v_descale, kv_cache_dtype, sinks)
         if out is not None:
             res = out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
@@ -404,14 +401,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         res = _serving_module().varlen_paged(
             fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-            softcap=softcap, return_lse=return_attn_probs or sinks is not None,
-            block_table=block_table, seqused_k=seqused_k, out=out,
-            scheduler_metadata=scheduler_metadata, k_descale=k_descale, v_descale=v_descale,
-            kv_cache_dtype=kv_cache_dtype)
-        if sinks is None:
-            return res
-        res, lse = res[0], _sinks.fold(res[0], res[1], sinks, return_attn_probs)
-        return (res, lse, None) if return_attn_probs else res
+            softcap=softcap, return_lse=return_attn_probs, block_table=block_table,
+            seqused_k=seqused_k, out=out, scheduler_metadata=scheduler_metadata,
+            k_descale=k_descale, v_descale=v_descale, kv_cache_dtype=kv_cache_dtype, sinks=sinks)
+        return res
     for name, given in (("scheduler_metadata", scheduler_metadata), ("k_descale", k_descale),
                         ("v_descale", v_descale), ("kv_cache_dtype", kv_cache_dtype)):
         if given is not None:
@@ -464,12 +457,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if _few_rows(max_seqlen_q, heads, kv_heads, hd, max_seqlen_k):
         _serving_module().dense_varlen(fn, ops, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, scale, causal, left, right,
-                                       softcap)
+                                       softcap, sinks)
     else:
         ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-                       max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap)
-    if sinks is not None:
-        lse = _sinks.fold(out, lse, sinks, return_attn_probs)
+                       max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap,
+                       sinks=sinks)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -576,24 +568,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         out, lse = _serving_ops.kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, *_serving_ops.window(window_size),
-            softcap, rotary_interleaved, num_splits, k_descale, v_descale, kv_cache_dtype)
-    else:
-        res = _serving_module().with_kvcache(
-            fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-            cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
-            softcap, rotary_interleaved, num_splits, return_softmax_lse or sinks is not None,
-            scheduler_metadata, k_descale, v_descale, kv_cache_dtype)
-        if sinks is None:
-            return res
-        out, lse = res
-    if sinks is not None:
-        lse = _sinks.fold(out, lse, sinks, return_softmax_lse)
-    return (out, lse) if return_softmax_lse else out
+            softcap, rotary_interleaved, num_splits, k_descale, v_descale, kv_cache_dtype, sinks)
+        return (out, lse) if return_softmax_lse else out
+    return _serving_module().with_kvcache(
+        fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+        rotary_interleaved, num_splits, return_softmax_lse, scheduler_metadata, k_descale,
+        v_descale, kv_cache_dtype, sinks=sinks)
 
 
 from . import _autograd  # noqa: E402  (uses the helpers above)
 from . import _serving_ops  # noqa: E402  (the serving calls as ops, for torch.compile)
-from . import _sinks  # noqa: E402  (attention sinks: the kernels' output and LSE, folded)
+from . import _sinks  # noqa: E402  (attention sinks: checks, autograd with the sink's gradient)
 from ._autograd import BackwardFallbackWarning  # noqa: E402
 
 

@@ -102,12 +102,18 @@ def attn(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
          deterministic: bool) -> tuple[Tensor, Tensor]:
     """out [B, Sq, H, D] fp16, lse [B, H, Sq] fp32 (the library's fwd). ``deterministic``
     does not change the forward (it always is): it is an input so that the backward gets it."""
+    return fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+
+
+def fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, sinks=None):
+    """The library's fwd into new out / lse (with sinks: float32 [H], in the kernel)."""
     ops = _fa2._ops_for(q)
     q, k, v = _layout(q, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
                       device=q.device)
-    ops.fwd(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap)
+    ops.fwd(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+            sinks=sinks)
     return out, lse
 
 
@@ -171,6 +177,13 @@ def attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
     """out [total_q, H, D] fp16, lse [H, total_q] fp32 (the library's fwd_varlen). The
     cu_seqlens are checked against the tensors here (one host copy), before the library is
     loaded: the kernels read them as offsets."""
+    return fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      softmax_scale, causal, window_left, window_right, softcap)
+
+
+def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+               causal, window_left, window_right, softcap, sinks=None):
+    """The library's fwd_varlen into new out / lse (with sinks: float32 [H], in the kernel)."""
     fn = "flash_attn_varlen_func"
     _fa2._check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
     _fa2._check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
@@ -180,7 +193,7 @@ def attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                    max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                   window_right, softcap)
+                   window_right, softcap, sinks=sinks)
     return out, lse
 
 

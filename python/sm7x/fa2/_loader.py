@@ -42,12 +42,13 @@ def _registered(torch, namespace: str) -> bool:
 def _register_fakes(torch, namespace: str) -> None:
     # The ops write their (a!)/(b!) outputs and return nothing: the fakes only must exist
     # (torch.compile / meta tensors).
-    def fake_fwd(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap):
+    def fake_fwd(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+                 sinks=None):
         return None
 
     def fake_fwd_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                        softcap):
+                        softcap, sinks=None):
         return None
 
     def fake_fwd_serving(*args):

@@ -437,14 +437,14 @@ def _capturing() -> bool:
 def _run(fn, ops, q, k_cache, v_cache, out, lse, *, cu_seqlens_q, seqused_k, cu_seqlens_k,
          block_table, cache_batch_idx, leftpad, batch, max_seqlen_q, seqlen_k_bound,
          seqused_add, scale, causal, left, right, softcap, num_splits, plan, kv_format,
-         k_descale, v_descale):
+         k_descale, v_descale, sinks=None):
     heads, kv_heads, hd = q.shape[-2], k_cache.shape[2], q.shape[-1]
     plan, o_accum, lse_accum = _plan_for(fn, ops, q, batch, max_seqlen_q, seqlen_k_bound, heads,
                                          kv_heads, hd, kv_format, num_splits, plan)
     ops.fwd_serving(q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k, cu_seqlens_k,
                     block_table, cache_batch_idx, leftpad, plan.partitions, plan.split_offsets,
                     o_accum, lse_accum, max_seqlen_q, seqlen_k_bound, seqused_add, scale, causal,
-                    left, right, softcap, kv_format, k_descale, v_descale)
+                    left, right, softcap, kv_format, k_descale, v_descale, sinks=sinks)
     return plan
 
 
@@ -481,7 +481,7 @@ def _serving_call(fn, q, k_cache, v_cache, inputs, plan, softmax_scale, hd, caus
 def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                  softmax_scale, causal, window_size, softcap, return_lse, block_table,
                  seqused_k, out, scheduler_metadata, k_descale=None, v_descale=None,
-                 kv_cache_dtype=None):
+                 kv_cache_dtype=None, sinks=None):
     """flash_attn_varlen_func over a paged cache (vLLM's flash-attn fork's call)."""
     paged = block_table is not None
     heads, kv_heads, hd, kv_format = _check_q_and_cache(
@@ -526,11 +526,11 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
          cache_batch_idx=None, leftpad=None, batch=batch, max_seqlen_q=max_seqlen_q,
          seqlen_k_bound=max_seqlen_k, seqused_add=0, scale=scale, causal=causal, left=left,
          right=right, softcap=softcap, num_splits=0, plan=scheduler_metadata,
-         kv_format=kv_format, k_descale=k_descale, v_descale=v_descale)
+         kv_format=kv_format, k_descale=k_descale, v_descale=v_descale, sinks=sinks)
     return (out, lse, None) if return_lse else out
 
 
-def dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap) -> None:
+def dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap, sinks=None) -> None:
     """A flash_attn_func call with few query rows per kv head, by a model that keeps its
     own K/V and calls the dense API, on the serving kernel: k and v read as a contiguous
     cache that every sequence fills, the GQA group's rows packed so each key is read once
@@ -541,11 +541,11 @@ def dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap) -> No
          block_table=None, cache_batch_idx=None, leftpad=None, batch=q.shape[0],
          max_seqlen_q=q.shape[1], seqlen_k_bound=k.shape[1], seqused_add=0, scale=scale,
          causal=causal, left=left, right=right, softcap=softcap, num_splits=0, plan=None,
-         kv_format=F16, k_descale=None, v_descale=None)
+         kv_format=F16, k_descale=None, v_descale=None, sinks=sinks)
 
 
 def dense_varlen(fn, ops, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                 max_seqlen_k, scale, causal, left, right, softcap) -> None:
+                 max_seqlen_k, scale, causal, left, right, softcap, sinks=None) -> None:
     """flash_attn_varlen_func's few-rows calls, as dense: the packed k / v are one cache row
     [1, total_k, num_kv_heads, head_dim] in which sequence b holds keys [cu_seqlens_k[b],
     cu_seqlens_k[b + 1]) (its cache_leftpad and cache_seqlens)."""
@@ -557,7 +557,7 @@ def dense_varlen(fn, ops, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
          block_table=None, cache_batch_idx=rows, leftpad=cu_k[:-1], batch=batch,
          max_seqlen_q=max_seqlen_q, seqlen_k_bound=max_seqlen_k, seqused_add=0, scale=scale,
          causal=causal, left=left, right=right, softcap=softcap, num_splits=0, plan=None,
-         kv_format=F16, k_descale=None, v_descale=None)
+         kv_format=F16, k_descale=None, v_descale=None, sinks=sinks)
 
 
 def _rotary(x, cos, sin, pos, interleaved: bool):
@@ -580,7 +580,8 @@ def _rotary(x, cos, sin, pos, interleaved: bool):
 def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                  cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
                  softcap, rotary_interleaved, num_splits, return_softmax_lse,
-                 scheduler_metadata, k_descale=None, v_descale=None, kv_cache_dtype=None):
+                 scheduler_metadata, k_descale=None, v_descale=None, kv_cache_dtype=None,
+                 sinks=None):
     """flash-attn 2.x's flash_attn_with_kvcache (see sm7x.fa2.flash_attn_with_kvcache)."""
     paged = block_table is not None
     heads, kv_heads, hd, kv_format = _check_q_and_cache(
@@ -685,7 +686,7 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
          leftpad=cache_leftpad, batch=batch, max_seqlen_q=sq, seqlen_k_bound=capacity,
          seqused_add=seqlen_new, scale=scale, causal=causal, left=left, right=right,
          softcap=softcap, num_splits=num_splits, plan=scheduler_metadata, kv_format=kv_format,
-         k_descale=k_descale, v_descale=v_descale)
+         k_descale=k_descale, v_descale=v_descale, sinks=sinks)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -38,7 +38,7 @@ def kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
             softmax_scale: Optional[float], causal: bool, window_left: int,
             window_right: int, softcap: float, rotary_interleaved: bool, num_splits: int,
             k_descale: Optional[Tensor], v_descale: Optional[Tensor],
-            kv_cache_dtype: Optional[str]) -> tuple[Tensor, Tensor]:
+            kv_cache_dtype: Optional[str], sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """flash_attn_with_kvcache (appends k/v into the caches first): (out, lse)."""
     from . import _serving
 
@@ -46,14 +46,14 @@ def kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
         _KV, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
         (window_left, window_right), softcap, rotary_interleaved, num_splits, True, None,
-        k_descale, v_descale, kv_cache_dtype)
+        k_descale, v_descale, kv_cache_dtype, sinks=sinks)
 
 
 @kvcache.register_fake
 def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                   cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                   window_left, window_right, softcap, rotary_interleaved, num_splits,
-                  k_descale, v_descale, kv_cache_dtype):
+                  k_descale, v_descale, kv_cache_dtype, sinks=None):
     return (q.new_empty(q.shape),
             q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
 
@@ -64,8 +64,8 @@ def varlen_paged(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                  softmax_scale: Optional[float], causal: bool, window_left: int,
                  window_right: int, softcap: float, block_table: Optional[Tensor],
                  seqused_k: Optional[Tensor], k_descale: Optional[Tensor],
-                 v_descale: Optional[Tensor],
-                 kv_cache_dtype: Optional[str]) -> tuple[Tensor, Tensor]:
+                 v_descale: Optional[Tensor], kv_cache_dtype: Optional[str],
+                 sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """flash_attn_varlen_func over a paged cache: (out, lse [num_heads, total_q])."""
     from . import _serving
 
@@ -74,14 +74,15 @@ def varlen_paged(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
         softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
         softcap=softcap, return_lse=True, block_table=block_table, seqused_k=seqused_k,
         out=None, scheduler_metadata=None, k_descale=k_descale, v_descale=v_descale,
-        kv_cache_dtype=kv_cache_dtype)
+        kv_cache_dtype=kv_cache_dtype, sinks=sinks)
     return out, lse
 
 
 @varlen_paged.register_fake
 def _varlen_paged_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        softmax_scale, causal, window_left, window_right, softcap,
-                       block_table, seqused_k, k_descale, v_descale, kv_cache_dtype):
+                       block_table, seqused_k, k_descale, v_descale, kv_cache_dtype,
+                       sinks=None):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 

@@ -3,17 +3,18 @@ denominator as one more column with no value (gpt-oss)::
 
     out_i = sum_j exp(x_ij) v_j / (exp(s_h) + sum_j exp(x_ij))
 
-Why no kernel change: the kernels return each row's log-sum-exp ``lse`` over its keys, and
-with the sink the row's denominator is ``exp(lse) + exp(s_h)``, so
+The kernels take the sinks (``sinks=`` of the fwd ops, float32 [H]) and add ``exp(s_h)``
+to each row's denominator where its output is final (the epilogues; the split-KV combine
+for split rows), so the output and LSE leave the kernel sink-aware:
 
     lse' = logaddexp(lse, s_h),    out' = out * exp(lse - lse')
 
-one elementwise pass over the output (exact in float32). The backward is the kernels' own
-backward given ``out'`` and ``lse'`` (P rebuilt from ``lse'`` is the sink-aware
-probability; the sink column has no value, so dV, dP and rowsum(dO * O) are unchanged in
-form), plus the sink's gradient ``ds_h = -sum_i exp(s_h - lse'_i) * rowsum(dO_i * out'_i)``.
+with lse, out those without the sink. The backward is the kernels' own backward given
+``out'`` and ``lse'`` (P rebuilt from ``lse'`` is the sink-aware probability; the sink
+column has no value, so dV, dP and rowsum(dO * O) are unchanged in form), plus the sink's
+gradient ``ds_h = -sum_i exp(s_h - lse'_i) * rowsum(dO_i * out'_i)``.
 
-A row that sees no key (lse = +inf from the kernels) gives out = 0 and lse' = s_h.
+A row that sees no key gives out = 0 and lse' = s_h.
 """
 
 from __future__ import annotations
@@ -40,21 +41,7 @@ def check(fn: str, s_aux, q: Tensor, heads: int) -> Tensor:
     if s_aux.device != q.device:
         raise ValueError(f"{api}: s_aux is on {s_aux.device} but q is on {q.device}; move it "
                          f"with .to(q.device)")
-    return s_aux.float()
-
-
-def fold(out: Tensor, lse: Tensor, sinks: Tensor, with_lse: bool = True) -> Tensor | None:
-    """Scale ``out`` in place to the sink-aware output; returns the sink-aware LSE (None
-    without ``with_lse``: two elementwise kernels fewer in a decode step). Batched
-    (out [B, Sq, H, D], lse [B, H, Sq]) or varlen (out [T, H, D], lse [H, T]).
-
-    exp(lse - lse') = sigmoid(lse - s_h); a row with no key (lse = +inf) has out = 0,
-    which any finite factor keeps."""
-    s = sinks[:, None]
-    out.mul_(torch.sigmoid(lse - s).transpose(-1, -2).unsqueeze(-1))
-    if not with_lse:
-        return None
-    return torch.logaddexp(torch.where(torch.isinf(lse), float("-inf"), lse), s)
+    return s_aux.float().contiguous()
 
 
 def sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
@@ -73,9 +60,8 @@ def attn_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, softmax_scale: fl
                causal: bool, window_left: int, window_right: int, softcap: float,
                deterministic: bool) -> tuple[Tensor, Tensor]:
     """``attn`` with sinks (float32 [H]): out [B, Sq, H, D], sink-aware lse [B, H, Sq]."""
-    out, lse = _autograd.attn(q, k, v, softmax_scale, causal, window_left, window_right,
-                              softcap, deterministic)
-    return out, fold(out, lse, sinks)
+    return _autograd.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+                         sinks)
 
 
 @attn_sinks.register_fake
@@ -103,10 +89,9 @@ def attn_varlen_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, cu_seqlens
                       softmax_scale: float, causal: bool, window_left: int, window_right: int,
                       softcap: float, deterministic: bool) -> tuple[Tensor, Tensor]:
     """``attn_varlen`` with sinks: out [T, H, D], sink-aware lse [H, T]."""
-    out, lse = _autograd.attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                     max_seqlen_k, softmax_scale, causal, window_left,
-                                     window_right, softcap, deterministic)
-    return out, fold(out, lse, sinks)
+    return _autograd.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                                softcap, sinks)
 
 
 @attn_varlen_sinks.register_fake

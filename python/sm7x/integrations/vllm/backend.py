@@ -126,7 +126,7 @@ class Sm7xFlashAttentionBackend(AttentionBackend):
 
     @classmethod
     def supports_sink(cls) -> bool:
-        # gpt-oss's attention sinks: folded into the kernels' output and LSE (sm7x.fa2)
+        # gpt-oss's attention sinks: applied by the kernels (sm7x.fa2, s_aux)
         return True
 
     @classmethod
