@@ -4,7 +4,8 @@ attention, on a GPU.
 Small fp16 models built from configs with random weights (no download): Llama-style GQA
 (head dim 64), Qwen2-style with sliding-window layers (head dim 128), Gemma-2-style with
 logit softcap and sliding window (head dim 256), Gemma-3-style (MQA, 5 sliding : 1 full
-layers, head dim 256). Greedy generation of 64 tokens from a
+layers, head dim 256), Gemma-4-style (3 sliding layers of head dim 256 : 1 full layer of
+head dim 512). Greedy generation of 64 tokens from a
 batch of prompts of different lengths (left padded), with a dynamic and a static cache,
 without padding, and through continuous batching (``generate_batch`` with
 ``"paged|sm7x"``, pages of 16 tokens, chunked prefill), compared with the same weights
@@ -69,6 +70,12 @@ def _config(kind: str):
             **{**common, "num_hidden_layers": 6}, num_attention_heads=4, num_key_value_heads=1,
             head_dim=256, sliding_window=32, query_pre_attn_scalar=256,
             layer_types=["sliding_attention"] * 5 + ["full_attention"]), "sdpa"
+    if kind == "gemma4":  # head dim 512 on the full layer (dim split 4), 256 on 3 sliding
+        return transformers.Gemma4TextConfig(
+            **common, num_attention_heads=4, num_key_value_heads=2, head_dim=256,
+            global_head_dim=512, sliding_window=32, vocab_size_per_layer_input=1000,
+            hidden_size_per_layer_input=64,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"]), "sdpa"
     raise AssertionError(kind)
 
 
@@ -82,6 +89,10 @@ def _model(kind: str):
         torch.manual_seed(0)
         with torch.device("cuda"):
             m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16)
+        for layer in m.model.layers if kind == "gemma4" else ():
+            with torch.no_grad():  # scores of std ~1 (Gemma 4 scales them by 1 after q/k
+                # norms; random norms give std sqrt(head_dim), where fp16 SDPA is off by 0.03)
+                layer.self_attn.q_norm.weight.mul_(layer.self_attn.head_dim ** -0.5)
         _MODELS[kind] = (m.eval(), ref)
     return _MODELS[kind]
 
@@ -149,7 +160,7 @@ def _report(rec):
             json.dump(RESULTS, f, indent=1)
 
 
-KINDS = ["llama", "qwen2", "gemma2", "gemma3"]
+KINDS = ["llama", "qwen2", "gemma2", "gemma3", "gemma4"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

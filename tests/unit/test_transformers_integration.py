@@ -116,6 +116,11 @@ def _model(kind: str, attn: str):
     elif kind == "gemma3":  # no softcap; sliding layers with their own rope base
         cfg = transformers.Gemma3TextConfig(**common, sliding_window=6, query_pre_attn_scalar=16,
                                             layer_types=["sliding_attention", "full_attention"])
+    elif kind == "gemma4":  # full-attention layers of head dim 512 beside sliding ones of 16
+        cfg = transformers.Gemma4TextConfig(**common, global_head_dim=512, sliding_window=6,
+                                            layer_types=["sliding_attention", "full_attention"],
+                                            vocab_size_per_layer_input=128,
+                                            hidden_size_per_layer_input=16)
     elif kind == "gptoss":  # attention sinks, alternating with sliding-window layers
         cfg = transformers.GptOssConfig(**common, num_local_experts=4, num_experts_per_tok=2,
                                         sliding_window=6,
@@ -129,6 +134,11 @@ def _model(kind: str, attn: str):
     for layer in model.model.layers if kind == "gptoss" else ():
         with torch.no_grad():  # sinks that matter (initialized near 0): some rows mostly sink
             layer.self_attn.sinks.normal_(0.0, 2.0)
+    for layer in model.model.layers if kind == "gemma4" else ():
+        with torch.no_grad():  # Gemma 4 scales scores by 1 after q/k norms: random norms give
+            # scores of std sqrt(head_dim), 22.6 at d512, where eager's own fp16 scores are off
+            # by 0.03; 1 / sqrt(head_dim) on q's norm gives std ~1, as a trained model's
+            layer.self_attn.q_norm.weight.mul_(layer.self_attn.head_dim ** -0.5)
     return model.half().eval()
 
 
@@ -172,7 +182,7 @@ def test_import_sm7x_integrations_imports_no_framework():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2", "gemma3", "gptoss"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2", "gemma3", "gemma4", "gptoss"])
 @pytest.mark.parametrize("side", ["left", "right", "none"])
 def test_forward_logits_match_eager(fake, kind, side):
     ref, ours = _twin(kind)
@@ -188,7 +198,7 @@ def test_forward_logits_match_eager(fake, kind, side):
     assert fake.calls[0] == ("func" if side == "none" else "varlen"), fake.calls
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2", "gemma3", "gptoss"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2", "gemma3", "gemma4", "gptoss"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_left_padded_matches_eager(fake, kind, cache):
     ref, ours = _twin(kind)
