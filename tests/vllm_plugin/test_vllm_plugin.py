@@ -264,7 +264,8 @@ def test_backend_declarations():
     assert Backend.forward_includes_kv_cache_update is False
     assert Backend.supports_block_size(16) and Backend.supports_block_size(48)
     assert not Backend.supports_block_size(8)
-    assert 128 in Backend.get_supported_head_sizes() and 100 not in Backend.get_supported_head_sizes()
+    sizes = Backend.get_supported_head_sizes()
+    assert 128 in sizes and 512 in sizes and 100 not in sizes and 520 not in sizes
     from vllm.v1.attention.backend import AttentionCGSupport
     assert Builder.get_cudagraph_support(None, None) == AttentionCGSupport.UNIFORM_BATCH
 
@@ -486,17 +487,19 @@ def reference_kernel(monkeypatch):
     return serving_cpu_ops.use(monkeypatch)
 
 
-@pytest.mark.parametrize("window, softcap, sinks", [(None, None, False), (24, None, False),
-                                                   (None, 30.0, False), (None, None, True),
-                                                   (24, None, True)])
-def test_forward_mixed_batch_gqa(reference_kernel, monkeypatch, on_gpu, window, softcap, sinks):
+@pytest.mark.parametrize("window, softcap, sinks, d", [
+    (None, None, False, 64), (24, None, False, 64), (None, 30.0, False, 64),
+    (None, None, True, 64), (24, None, True, 64), (None, None, False, 512)])
+def test_forward_mixed_batch_gqa(reference_kernel, monkeypatch, on_gpu, window, softcap, sinks,
+                                 d):
     """A batch mixing a prefill, decodes and prefill chunks over a cached prefix: the
     context is written first (earlier steps), then the step's new tokens through
     do_kv_cache_update, then forward; compared with attention over the full sequences.
-    With sinks as gpt-oss has them (its layers alternate sliding window and full)."""
+    With sinks as gpt-oss has them (its layers alternate sliding window and full), and at
+    head size 512 (Gemma 4's full-attention layers)."""
     pytest.importorskip("sm7x._core_loader").load()
     on_gpu(7, 5)
-    h, hk, d, bs = 8, 2, 64, 16
+    h, hk, bs = 8, 2, 16
     query_lens, seq_lens = [17, 1, 1, 9, 1], [17, 40, 3, 70, 16]
     m = common_metadata(query_lens, seq_lens, block_size=bs, max_blocks=5, seed=3)
     g = torch.Generator().manual_seed(1)
