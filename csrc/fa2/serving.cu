@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(32 * kCombineRows) combine_kernel(const FwdPar
   float lse = sum > 0.f ? mx + __logf(sum) : INFINITY;
   if (p.sinks != nullptr) {  // the sink joins the merged denominator (fa2.h FwdParams::sinks)
     const float s = p.sinks[hk * p.group + r % p.group];
-    lse = sum > 0.f ? fmaxf(lse, s) + log1pf(__expf(-fabsf(lse - s))) : s;
+    lse = sum > 0.f ? fmaxf(lse, s) + __logf(1.f + __expf(-fabsf(lse - s))) : s;
   }
   int64_t o_off, lse_off;
   detail::serving_out_offsets(p, w, 0, hk * p.group, o_off, lse_off);

@@ -39,7 +39,7 @@ __device__ __forceinline__ RowEnd row_end(const SoftmaxScale& sc, float l, float
   if (!(l > 0.f)) return {0.f, s};
   const float m = row_max * sc.nat, d = s - m;
   const float denom = l + __expf(d);  // +inf past d = 88: the output is then 0
-  return {1.f / denom, d > 0.f ? s + log1pf(l * __expf(-d)) : m + __logf(denom)};
+  return {1.f / denom, d > 0.f ? s + __logf(1.f + l * __expf(-d)) : m + __logf(denom)};
 }
 
 // Element offsets of the first output row (in p.o) and of the LSE row (in p.lse) of
