@@ -25,3 +25,30 @@ def test_bad_arguments_exit_2(capsys):
     assert generate.main(["--prefixes", "x"]) == 2
     assert generate.main(["--decode-tokens", "0"]) == 2
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_step_account_splits_a_decode_step():
+    # batch 1: 50 tok/s is a 20 ms step; the floor (no attention) 25 ms steps -> 40 tok/s
+    r = {"batch": 1, "no_attention_tok_s": 1e3 / 16, "sdpa_tok_s": None,
+         "sdpa_expanded_tok_s": 1e3 / 20, "sm7x_tok_s": 1e3 / 18}
+    a = generate.step_account(r)
+    assert a["floor_ms"] == pytest.approx(16.0)
+    assert a["sdpa_expanded_attention_ms"] == pytest.approx(4.0)
+    assert a["sm7x_attention_ms"] == pytest.approx(2.0)
+    assert a["sdpa_attention_ms"] is None  # OOM: nothing to split
+    assert a["max_x_sdpa_expanded"] == pytest.approx(20 / 16)
+    line = generate._account_line({**r, **a})
+    assert "16.00 ms without attention" in line and "sm7x 2.00 ms" in line and "x1.25" in line
+    # batch 8: tokens/s count every sequence, a step is batch / rate
+    assert generate.step_account({**r, "batch": 8})["floor_ms"] == pytest.approx(128.0)
+
+
+def test_no_attention_returns_the_query_as_output():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers import AttentionInterface
+
+    generate._register_no_attention(transformers)
+    q = torch.randn(2, 4, 3, 8)  # [batch, heads, seq, head_dim]
+    out, weights = AttentionInterface()[generate.NO_ATTENTION](None, q, q, q, None)
+    assert out.shape == (2, 3, 4, 8) and weights is None and out.data_ptr() == q.data_ptr()

@@ -26,6 +26,13 @@ Baselines, both through torch SDPA:
   transformers does whenever a padding mask is present), so the memory-efficient kernel
   runs: the strongest SDPA baseline a T4/V100 has.
 
+Where a decode step goes: each decode row is also run with an attention implementation that
+launches nothing (``no_attention``: the query returned as the output; the tokens are
+meaningless, the step's other work, KV cache updates and transformers' Python included, is
+the same). Its step time is the floor every implementation shares; each one's attention
+costs its step time minus the floor, and ``max_x_sdpa_expanded`` = sdpa_expanded's step /
+the floor is the most sm7x could gain over it if its attention cost nothing.
+
 ``--sdpa turing`` (the default on GPUs newer than Turing) restricts SDPA to the backends it
 has on Volta/Turing (memory-efficient and math; its flash backend needs sm80), so the
 ratios are the ones a T4/V100 user would compare with; ``--sdpa native`` lets torch
@@ -52,6 +59,7 @@ MODEL = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
              num_key_value_heads=8, head_dim=128, intermediate_size=8192, vocab_size=32000)
 IMPLS = ("sdpa", "sdpa_expanded", "sm7x")
 BASELINES = IMPLS[:2]
+NO_ATTENTION = "no_attention"  # the decode floor (_register_no_attention)
 DEFAULT_PREFIXES, DEFAULT_BATCHES = (2048, 8192, 13312), (1, 8)
 QUICK = dict(prefixes=(2048,), batches=(1,), decode_tokens=32, decode_prefix=2048, layers=4)
 
@@ -65,6 +73,37 @@ def decode_rate(t_total: float, t_first: float, batch: int, tokens: int) -> floa
     """Tokens/s of the batch over the decode steps: (total - TTFT) covers `tokens` steps."""
     dt = t_total - t_first
     return batch * tokens / dt if dt > 0 else None
+
+
+def step_account(r: dict) -> dict:
+    """A decode row's step times (ms per step) and each implementation's attention share:
+    step minus the no-attention floor; and the most sm7x could gain over sdpa_expanded
+    (its step / the floor). None where a run is missing (OOM)."""
+    def step_ms(rate):
+        return 1e3 * r["batch"] / rate if rate else None
+
+    floor = step_ms(r.get(f"{NO_ATTENTION}_tok_s"))
+    out = {"floor_ms": floor}
+    for impl in IMPLS:
+        step = step_ms(r.get(f"{impl}_tok_s"))
+        out[f"{impl}_step_ms"] = step
+        out[f"{impl}_attention_ms"] = step - floor if step and floor else None
+    base = out["sdpa_expanded_step_ms"]
+    out["max_x_sdpa_expanded"] = base / floor if base and floor else None
+    return out
+
+
+def _register_no_attention(transformers) -> None:
+    """``attn_implementation="no_attention"``: returns the query as the output ([batch,
+    seq, heads, head_dim], a view: no kernel), so a step costs everything but attention."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def forward(module, query, key, value, attention_mask, **kwargs):
+        return query.transpose(1, 2), None
+
+    AttentionInterface.register(NO_ATTENTION, forward)
+    AttentionMaskInterface.register(NO_ATTENTION, sdpa_mask)
 
 
 def _register_expanded_sdpa(transformers, torch) -> None:
@@ -138,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from .. import _select
 
     _register_expanded_sdpa(transformers, torch)
+    _register_no_attention(transformers)
 
     cap = torch.cuda.get_device_capability()
     sdpa_mode = args.sdpa or ("turing" if cap >= (8, 0) else "native")
@@ -197,15 +237,17 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(r)
             print(_line(r, "_s", 1e3, "ms"), flush=True)
         r = {"kind": "decode", "batch": batch, "prefix": decode_prefix, "tokens": decode_tokens}
-        for impl in IMPLS:
+        for impl in IMPLS + (NO_ATTENTION,):
             first = timed_generate(impl, batch, decode_prefix, 1, 1)
             total = timed_generate(impl, batch, decode_prefix, 1 + decode_tokens, 1)
             r[f"{impl}_tok_s"] = (decode_rate(total, first, batch, decode_tokens)
                                   if first and total else None)
         for base in BASELINES:
             r[f"x_{base}"] = ratio(r["sm7x_tok_s"], r[f"{base}_tok_s"])
+        r.update(step_account(r))
         rows.append(r)
         print(_line(r, "_tok_s", 1, "tok/s"), flush=True)
+        print(_account_line(r), flush=True)
     result = {"benchmark": "generate", "device": torch.cuda.get_device_name(),
               "capability": f"{cap[0]}.{cap[1]}", "fa2_library": info,
               "sdpa_backends": sdpa_mode, "torch": torch.__version__,
@@ -224,6 +266,17 @@ def _line(r: dict, suffix: str, scale: float, unit: str) -> str:
                                 else f"{'OOM':>9} {unit}") for i in IMPLS)
     xs = "  ".join(f"x{b} " + (f"{r['x_' + b]:.2f}" if r["x_" + b] else "-") for b in BASELINES)
     return f"{what}: {vals}  sm7x {xs}"
+
+
+def _account_line(r: dict) -> str:
+    def ms(x):
+        return f"{x:.2f} ms" if x is not None else "-"
+
+    most = r["max_x_sdpa_expanded"]
+    return (f"  decode step: {ms(r['floor_ms'])} without attention; attention adds "
+            + ", ".join(f"{i} {ms(r[i + '_attention_ms'])}" for i in IMPLS)
+            + (f"; at most x{most:.2f} over sdpa_expanded if sm7x's attention cost nothing"
+               if most else ""))
 
 
 def _draw(result: dict, plt):
