@@ -1,7 +1,7 @@
 """Attention sinks (``s_aux``, gpt-oss) through the FA2 kernels, on a GPU: the kernels'
-output and LSE with the sink folded in (sm7x.fa2._sinks) against the float32 reference
-that concatenates the sink to the scores, and the backward kernels given the sink-aware
-output and LSE against autograd of that reference.
+output and LSE with the sinks applied in their epilogues (and the split-KV combine)
+against the float32 reference that concatenates the sink to the scores, and the backward
+kernels given the sink-aware output and LSE against autograd of that reference.
 
 Every compiled head dim; seqlen 1, lengths that are not tile multiples, seqlen_q >
 seqlen_k (causal rows that see no key), GQA, sliding window (gpt-oss alternates windowed
