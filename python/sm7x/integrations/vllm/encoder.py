@@ -32,10 +32,10 @@ _logged: set[tuple] = set()
 def reason(head_size: int, dtype: torch.dtype, capability: tuple[int, int] | None) -> str | None:
     """Why sm7x does not run a vision layer of this configuration, or None when it does
     (the decoder backend's reasons)."""
-    reason = dtype_reason(dtype, None) or head_size_reason(head_size)
-    if reason is None and capability is None:
-        return "no CUDA device capability"
-    return reason or capability_reason(capability)
+    why = dtype_reason(dtype, None) or head_size_reason(head_size)
+    if why is not None:
+        return why
+    return "no CUDA device capability" if capability is None else capability_reason(capability)
 
 
 class Sm7xMMEncoderAttention(MMEncoderAttention):
