@@ -52,6 +52,17 @@ MODELS = {
                                                         "sliding_attention"],
                                            num_local_experts=4, num_experts_per_tok=4),
                      (), "attention sinks, head dim 64, sliding 128 on alternate layers, MoE"),
+    # Gemma 4: head dim 512 on the full-attention layer (global_head_dim), 256 on the two
+    # sliding ones, so one engine holds KV caches of two head sizes; no per-layer inputs.
+    # Its scores are q_norm(q) . k_norm(k) unscaled: write_model scales q_norm by
+    # head_dim^-0.5 so random weights give scores of std ~1, not ~sqrt(head_dim)
+    "gemma4-d512": ("Gemma4TextConfig", dict(num_attention_heads=4, num_key_value_heads=2,
+                                             head_dim=256, global_head_dim=512,
+                                             sliding_window=128, hidden_size_per_layer_input=0,
+                                             layer_types=["sliding_attention",
+                                                          "sliding_attention",
+                                                          "full_attention"]),
+                    (), "head dim 512 (full layer) beside 256 (sliding 128), GQA 4/2"),
 }
 
 
@@ -79,12 +90,18 @@ def write_model(name: str, path: str) -> str:
     cls, kw, _, _ = MODELS[name]
     cfg = getattr(transformers, cls)(**{**COMMON, **kw})
     cfg.torch_dtype = "float16"
+    if cfg.model_type == "gemma4_text":  # vLLM 0.26 reads one global head_dim (its layers
+        # take their own): transformers 5.17 refuses that unless the config allows it
+        cfg.allow_global_per_layer_attribute_access = True
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16)
     with torch.no_grad():  # sinks that matter (transformers initialises them near 0)
         for module in model.modules():
             if isinstance(getattr(module, "sinks", None), torch.nn.Parameter):
                 module.sinks.normal_(0.0, 2.0)
+        if cfg.model_type == "gemma4_text":
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.mul_(layer.self_attn.head_dim ** -0.5)
     model.save_pretrained(path, safe_serialization=True)
     write_tokenizer(path)
     open(done, "w").close()
