@@ -33,6 +33,12 @@ the same). Its step time is the floor every implementation shares; each one's at
 costs its step time minus the floor, and ``max_x_sdpa_expanded`` = sdpa_expanded's step /
 the floor is the most sm7x could gain over it if its attention cost nothing.
 
+And each decode row times one attention call per implementation at its shape (a query
+row per sequence against ``decode_prefix`` keys, no mask, as an unpadded generate passes
+it): ``<impl>_call_host_us`` is the host's time per call over ``CALLS`` calls launched
+back to back, ``<impl>_call_us`` the same with the GPU's work waited for; where the two
+agree the call is bound by the host (Python, checks, launches), not the kernel.
+
 ``--sdpa turing`` (the default on GPUs newer than Turing) restricts SDPA to the backends it
 has on Volta/Turing (memory-efficient and math; its flash backend needs sm80), so the
 ratios are the ones a T4/V100 user would compare with; ``--sdpa native`` lets torch
@@ -90,6 +96,48 @@ def step_account(r: dict) -> dict:
         out[f"{impl}_attention_ms"] = step - floor if step and floor else None
     base = out["sdpa_expanded_step_ms"]
     out["max_x_sdpa_expanded"] = base / floor if base and floor else None
+    return out
+
+
+CALLS = 200
+
+
+def time_attention_calls(torch, impls, batch: int, kv_len: int, heads: int, kv_heads: int,
+                         head_dim: int, device: str = "cuda", calls: int = CALLS) -> dict:
+    """{impl}_call_host_us / {impl}_call_us: one decode-shaped call of each registered
+    attention implementation (``query [batch, heads, 1, head_dim]``, ``key``/``value
+    [batch, kv_heads, kv_len, head_dim]``, fp16, no mask), per call."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(batch, heads, 1, head_dim, generator=g, device=device, dtype=torch.float16)
+    k, v = (torch.randn(batch, kv_heads, kv_len, head_dim, generator=g, device=device,
+                        dtype=torch.float16) for _ in range(2))
+    module = torch.nn.Module()
+    module.is_causal, module.layer_idx = True, 0
+    out = {}
+    for impl in impls:
+        fn = ALL_ATTENTION_FUNCTIONS[impl]
+        try:
+            for _ in range(10):  # warm-up: plans, allocator, autotune
+                fn(module, q, k, v, None, scaling=head_dim ** -0.5)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn(module, q, k, v, None, scaling=head_dim ** -0.5)
+            host = time.perf_counter() - t0
+            sync()
+            total = time.perf_counter() - t0
+        except torch.OutOfMemoryError:  # no entry: the report says which is missing
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        out[f"{impl}_call_host_us"] = host / calls * 1e6
+        out[f"{impl}_call_us"] = total / calls * 1e6
     return out
 
 
@@ -245,9 +293,14 @@ def main(argv: list[str] | None = None) -> int:
         for base in BASELINES:
             r[f"x_{base}"] = ratio(r["sm7x_tok_s"], r[f"{base}_tok_s"])
         r.update(step_account(r))
+        with torch.inference_mode(), sdpa_ctx("sdpa_expanded"):
+            r.update(time_attention_calls(torch, IMPLS + (NO_ATTENTION,), batch, decode_prefix,
+                                          cfg.num_attention_heads, cfg.num_key_value_heads,
+                                          MODEL["head_dim"]))
         rows.append(r)
         print(_line(r, "_tok_s", 1, "tok/s"), flush=True)
         print(_account_line(r), flush=True)
+        print(_calls_line(r), flush=True)
     result = {"benchmark": "generate", "device": torch.cuda.get_device_name(),
               "capability": f"{cap[0]}.{cap[1]}", "fa2_library": info,
               "sdpa_backends": sdpa_mode, "torch": torch.__version__,
@@ -277,6 +330,15 @@ def _account_line(r: dict) -> str:
             + ", ".join(f"{i} {ms(r[i + '_attention_ms'])}" for i in IMPLS)
             + (f"; at most x{most:.2f} over sdpa_expanded if sm7x's attention cost nothing"
                if most else ""))
+
+
+def _calls_line(r: dict) -> str:
+    impls = [i for i in IMPLS + (NO_ATTENTION,) if f"{i}_call_us" in r]
+    if not impls:
+        return "  one attention call: -"
+    return ("  one attention call (host / with the GPU): "
+            + ", ".join(f"{i} {r[i + '_call_host_us']:.0f} / {r[i + '_call_us']:.0f} us"
+                        for i in impls))
 
 
 def _draw(result: dict, plt):
