@@ -625,7 +625,7 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
                     double softmax_scale, bool causal, int64_t window_left,
                     int64_t window_right, double softcap, int64_t kv_format,
                     std::optional<Tensor> k_descale, std::optional<Tensor> v_descale,
-                    std::optional<Tensor> sinks) {
+                    std::optional<Tensor> sinks, bool check_inputs) {
   const char* op = "fwd_serving";
   const bool varlen = cu_seqlens_q.has_value(), paged = block_table.has_value();
   const int qd = varlen ? 3 : 4;
@@ -797,9 +797,10 @@ void fwd_serving_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor out, Tensor
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(op, q);
   // The values the kernels read from the device are checked there first (one sync), except
-  // while a CUDA graph is being captured or with the checks turned off (set_input_checks):
-  // the kernels clamp every index, so a bad value can only give a wrong answer.
-  if (g_check_inputs.load(std::memory_order_relaxed)) {
+  // while a CUDA graph is being captured, with the checks turned off (set_input_checks) or
+  // for a call whose caller built those values itself (check_inputs false): the kernels
+  // clamp every index, so a bad value can only give a wrong answer.
+  if (check_inputs && g_check_inputs.load(std::memory_order_relaxed)) {
     bool checked = false;
     int bad[4];
     const int err = validate_serving(p, stream, &checked, bad);
@@ -887,7 +888,7 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
       "Tensor(c!) o_accum, Tensor(d!) lse_accum, int max_seqlen_q, int seqlen_k, "
       "int seqused_add, float softmax_scale, bool causal, int window_left, int window_right, "
       "float softcap, int kv_format, Tensor? k_descale, Tensor? v_descale, "
-      "Tensor? sinks=None) -> ()");
+      "Tensor? sinks=None, bool check_inputs=True) -> ()");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, "
       "Tensor(b!) dk, Tensor(c!) dv, Tensor(d!) dq_accum, Tensor(e!) dsum, float softmax_scale, "

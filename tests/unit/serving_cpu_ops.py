@@ -29,14 +29,16 @@ class ServingReference:
     def __init__(self):
         self.calls = 0
         self.kv_format = None
+        self.check_inputs = None  # of the last call
 
     def fwd_serving(self, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
                     cu_seqlens_k, block_table, cache_batch_idx, leftpad, partitions,
                     split_offsets, o_accum, lse_accum, max_seqlen_q, seqlen_k_bound,
                     seqused_add, scale, causal, left, right, softcap, kv_format, k_descale,
-                    v_descale, sinks=None):
+                    v_descale, sinks=None, check_inputs=True):
         self.calls += 1
         self.kv_format = kv_format
+        self.check_inputs = check_inputs
         varlen = cu_seqlens_q is not None
         batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
         for b in range(batch):

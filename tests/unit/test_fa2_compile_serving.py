@@ -93,3 +93,19 @@ def test_a_plan_is_refused_under_compile_with_the_fix(reference_ops):
                                                  scheduler_metadata=plan)
     with pytest.raises(Exception, match="cannot pass through torch.compile"):
         torch.compile(step, fullgraph=True, backend="eager")(q)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_check_inputs_reaches_the_op_only_when_off(reference_ops, compiled):
+    """check_inputs=False is passed to the op (which then skips its device-side check);
+    the default leaves the op's own default, which follows set_input_checks."""
+    kc, vc, bt, g = _paged()
+    q = torch.randn(2, 1, 4, 64, generator=g).to(F16)
+    lens = torch.tensor([5, 40], dtype=I32)
+    for given, seen in ((False, False), (None, True), (True, True)):
+        step = lambda q: fa2.flash_attn_with_kvcache(  # noqa: E731
+            q, kc, vc, cache_seqlens=lens, block_table=bt, check_inputs=given)
+        out = torch.compile(step, fullgraph=True, backend="eager")(q) if compiled else step(q)
+        assert reference_ops.check_inputs is seen, (given, reference_ops.check_inputs)
+        assert torch.equal(out, fa2.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                                            block_table=bt))

@@ -234,6 +234,7 @@ def _kv_cases():
         ("paged cache 5-D", "paged", dict(k_cache=torch.zeros(8, 16, 2, 64, 1, dtype=F16),
                                           v_cache=torch.zeros(8, 16, 2, 64, 1, dtype=F16)),
          SHAPE_ERRORS, "4-D"),
+        ("check_inputs not a bool", "paged", dict(check_inputs=1), TypeError, "check_inputs"),
         ("k without v", "paged", dict(k=k), SHAPE_ERRORS, r"\bv\b"),
         ("v without k", "contiguous", dict(v=v), SHAPE_ERRORS, r"\bk\b"),
         ("rotary_cos without rotary_sin", "paged", dict(k=k, v=v, rotary_cos=cos), SHAPE_ERRORS,

@@ -35,6 +35,7 @@ class FakeFa2:
     def __init__(self):
         self.calls = []
         self.plans = 0
+        self.checks = set()  # check_inputs of every cache call
 
     @staticmethod
     def _attend(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -53,8 +54,10 @@ class FakeFa2:
         return ("plan", batch, sq, sk, heads, kv_heads, hd)
 
     def flash_attn_with_kvcache(self, q, k_cache, v_cache, cache_seqlens=None,
-                                cache_leftpad=None, scheduler_metadata=None, **opts):
+                                cache_leftpad=None, scheduler_metadata=None, check_inputs=None,
+                                **opts):
         self.calls.append("kvcache" + ("+leftpad" if cache_leftpad is not None else ""))
+        self.checks.add(check_inputs)
         # the integration's plan: this shape, at least this many keys
         _, batch, sq, sk, heads, kv_heads, hd = scheduler_metadata
         assert (batch, sq, heads, kv_heads, hd) == (q.shape[0], q.shape[1], *q.shape[2:3],
@@ -212,6 +215,8 @@ def test_generate_left_padded_matches_eager(fake, kind, cache):
     assert first is None, f"{kind}/{cache}: tokens differ from eager first at step {first}"
     # decode with left padding reads the cache in place (cache_leftpad), never unpads
     assert "kvcache+leftpad" in fake.calls, fake.calls
+    # lengths, left padding and plan are the integration's own: no device-side check
+    assert fake.checks == {False}, fake.checks
     decode_calls = fake.calls[len(fake.calls) // 2:]
     assert "varlen" not in decode_calls, fake.calls
 
@@ -258,6 +263,7 @@ def test_generate_batch_one_no_mask_uses_decode_kernel(fake):
     assert torch.equal(a, b)
     assert fake.calls[0] == "func" and set(fake.calls[2:]) == {"kvcache"}, fake.calls
     assert fake.plans == 1  # one plan for all layers and steps (7 + 6 keys < 256)
+    assert fake.checks == {False}, fake.checks  # the plan is the integration's own
 
 
 def test_packed_padding_free_batch(fake):

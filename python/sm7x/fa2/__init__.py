@@ -528,7 +528,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, scheduler_metadata=None, k_descale=None,
                             v_descale=None, kv_cache_dtype=None, k_scale_cache=None,
-                            v_scale_cache=None, s_aux=None):
+                            v_scale_cache=None, s_aux=None, check_inputs=None):
     """flash-attn 2.x's decoding call: ``q [batch, seqlen_q, num_heads, head_dim]`` against
     a KV cache, contiguous ``[batch_cache, seqlen_cache, num_kv_heads, head_dim]`` or paged
     ``[num_blocks, page_size, num_kv_heads, head_dim]`` with ``block_table [batch,
@@ -553,9 +553,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     or num_blocks, seqlen_cache or page_size, num_kv_heads]``, a scale per cached row: the
     appended rows are encoded as ``sm7x.ops.reshape_and_cache`` writes them and their
     scales stored beside them. ``s_aux``: sinks, as in :func:`flash_attn_func`.
+
+    ``check_inputs`` (sm7x's own): ``False`` skips the device-side input check of this
+    call (:func:`set_input_checks`: a small kernel and one stream sync) for a caller that
+    built ``cache_seqlens``, ``block_table``, ``cache_batch_idx``, ``cache_leftpad`` and the
+    plan itself; ``None`` (the default) follows :func:`input_checks`. Off, a bad value gives
+    a wrong answer, never an out-of-bounds access.
     """
     fn = "flash_attn_with_kvcache"
     _check_unsupported(fn, 0.0, alibi_slopes)
+    if check_inputs is not None and not isinstance(check_inputs, bool):
+        raise TypeError(f"sm7x.fa2.{fn}: check_inputs must be None, True or False, got "
+                        f"{type(check_inputs).__name__}")
     sinks = _sink_logits(fn, s_aux, q)
     if k_scale_cache is not None or v_scale_cache is not None:
         k_descale, v_descale = _serving_module().scale_caches(
@@ -568,13 +577,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         out, lse = _serving_ops.kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, *_serving_ops.window(window_size),
-            softcap, rotary_interleaved, num_splits, k_descale, v_descale, kv_cache_dtype, sinks)
+            softcap, rotary_interleaved, num_splits, k_descale, v_descale, kv_cache_dtype, sinks,
+            check_inputs is not False)
         return (out, lse) if return_softmax_lse else out
     return _serving_module().with_kvcache(
         fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
         rotary_interleaved, num_splits, return_softmax_lse, scheduler_metadata, k_descale,
-        v_descale, kv_cache_dtype, sinks=sinks)
+        v_descale, kv_cache_dtype, sinks=sinks, check_inputs=check_inputs is not False)
 
 
 from . import _autograd  # noqa: E402  (uses the helpers above)

@@ -437,14 +437,16 @@ def _capturing() -> bool:
 def _run(fn, ops, q, k_cache, v_cache, out, lse, *, cu_seqlens_q, seqused_k, cu_seqlens_k,
          block_table, cache_batch_idx, leftpad, batch, max_seqlen_q, seqlen_k_bound,
          seqused_add, scale, causal, left, right, softcap, num_splits, plan, kv_format,
-         k_descale, v_descale, sinks=None):
+         k_descale, v_descale, sinks=None, check_inputs=True):
     heads, kv_heads, hd = q.shape[-2], k_cache.shape[2], q.shape[-1]
     plan, o_accum, lse_accum = _plan_for(fn, ops, q, batch, max_seqlen_q, seqlen_k_bound, heads,
                                          kv_heads, hd, kv_format, num_splits, plan)
     ops.fwd_serving(q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k, cu_seqlens_k,
                     block_table, cache_batch_idx, leftpad, plan.partitions, plan.split_offsets,
                     o_accum, lse_accum, max_seqlen_q, seqlen_k_bound, seqused_add, scale, causal,
-                    left, right, softcap, kv_format, k_descale, v_descale, sinks=sinks)
+                    left, right, softcap, kv_format, k_descale, v_descale, sinks=sinks,
+                    # passed only when off: a default call keeps the op's schema default
+                    **({} if check_inputs else {"check_inputs": False}))
     return plan
 
 
@@ -581,7 +583,7 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                  cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
                  softcap, rotary_interleaved, num_splits, return_softmax_lse,
                  scheduler_metadata, k_descale=None, v_descale=None, kv_cache_dtype=None,
-                 sinks=None):
+                 sinks=None, check_inputs=True):
     """flash-attn 2.x's flash_attn_with_kvcache (see sm7x.fa2.flash_attn_with_kvcache)."""
     paged = block_table is not None
     heads, kv_heads, hd, kv_format = _check_q_and_cache(
@@ -686,7 +688,7 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
          leftpad=cache_leftpad, batch=batch, max_seqlen_q=sq, seqlen_k_bound=capacity,
          seqused_add=seqlen_new, scale=scale, causal=causal, left=left, right=right,
          softcap=softcap, num_splits=num_splits, plan=scheduler_metadata, kv_format=kv_format,
-         k_descale=k_descale, v_descale=v_descale, sinks=sinks)
+         k_descale=k_descale, v_descale=v_descale, sinks=sinks, check_inputs=check_inputs)
     return (out, lse) if return_softmax_lse else out
 
 

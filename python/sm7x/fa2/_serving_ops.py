@@ -38,7 +38,8 @@ def kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
             softmax_scale: Optional[float], causal: bool, window_left: int,
             window_right: int, softcap: float, rotary_interleaved: bool, num_splits: int,
             k_descale: Optional[Tensor], v_descale: Optional[Tensor],
-            kv_cache_dtype: Optional[str], sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+            kv_cache_dtype: Optional[str], sinks: Optional[Tensor] = None,
+            check_inputs: bool = True) -> tuple[Tensor, Tensor]:
     """flash_attn_with_kvcache (appends k/v into the caches first): (out, lse)."""
     from . import _serving
 
@@ -46,14 +47,14 @@ def kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
         _KV, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
         (window_left, window_right), softcap, rotary_interleaved, num_splits, True, None,
-        k_descale, v_descale, kv_cache_dtype, sinks=sinks)
+        k_descale, v_descale, kv_cache_dtype, sinks=sinks, check_inputs=check_inputs)
 
 
 @kvcache.register_fake
 def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                   cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                   window_left, window_right, softcap, rotary_interleaved, num_splits,
-                  k_descale, v_descale, kv_cache_dtype, sinks=None):
+                  k_descale, v_descale, kv_cache_dtype, sinks=None, check_inputs=True):
     return (q.new_empty(q.shape),
             q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
 

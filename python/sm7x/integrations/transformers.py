@@ -140,13 +140,21 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return out, None
 
 
+# Every device-side value these calls pass is built here (the plan by _plan, the lengths and
+# left padding from the mask by _mask_layout), so the op's device-side check of them (a
+# kernel and a stream sync per layer) is skipped for them alone; the process-wide setting
+# (sm7x.fa2.set_input_checks) still holds for everything else
+_OWN_VALUES = {"check_inputs": False}
+
+
 def _cached(q, k, v, mask, opts, layer):
     """A call over the cache (decode, chunked prefill) or under a padding mask."""
     if mask is not None:
         return _masked(q, k, v, mask, opts, layer)
     # decode / chunked prefill against the cache: split-KV, GQA rows packed per K/V tile
     # (sm7x's serving kernels); no new keys to append, transformers did that
-    return fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k), **opts)
+    return fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k), **opts,
+                                       **_OWN_VALUES)
 
 
 # cudagraph_unsafe: the mask layout is read on the host, which a CUDA graph cannot capture;
@@ -184,10 +192,11 @@ def _masked(q, k, v, mask, opts, layer):
     if ones:
         return (fa2.flash_attn_func(q, k, v, **opts) if sq >= length
                 else fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k),
-                                                 **opts))
+                                                 **opts, **_OWN_VALUES))
     if left_ok and sq < length and opts["causal"]:
         return fa2.flash_attn_with_kvcache(q, k, v, cache_seqlens=length, cache_leftpad=leftpad,
-                                           scheduler_metadata=_plan(q, k), **opts)
+                                           scheduler_metadata=_plan(q, k), **opts,
+                                           **_OWN_VALUES)
     return _unpadded(q, k, v, mask, lens, opts)
 
 
