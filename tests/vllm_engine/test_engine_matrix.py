@@ -23,7 +23,8 @@ written by models.py, float16, token-id prompts (no tokenizer). Each model is ru
 - and with 8-bit KV caches (``kv_cache_dtype`` fp8, int8_per_token_head: Llama
   d128 and d64 on sm75, d128 on sm70, CUDA graphs) against TRITON_ATTN over the same format
   (for fp8 with the query kept fp16 as sm7x keeps it: vLLM's Triton path would quantize it
-  to fp8 on the sm89+ GPUs where it takes an fp8 cache).
+  to fp8 on the sm89+ GPUs where it takes an fp8 cache), at the logprob tolerance
+  LP_TOL_KV8 (two exact kernels drift apart over an 8-bit cache: csrc/fa2/probes/kv8_drift.py);
 
 Needs a CUDA GPU, vLLM and sm7x installed where vLLM sees its entry points (``pip install
 --no-deps -e .`` in vLLM's environment, or the conda packages), transformers to write the
@@ -67,6 +68,14 @@ LP_TOL, TIE_TOL = 0.05, 0.1
 # TRITON_ATTN alone are up to 0.34 apart (H100, vLLM 0.26); the tolerance is about twice
 # the spread between the two libraries
 LP_TOL_OF = {"gptoss-sinks": 0.1}
+# Over an 8-bit cache two attention kernels that are both exact up to fp16 rounding drift
+# apart: a last-bit difference in one layer's output moves the next layer's K/V across an
+# 8-bit code step (E4M3: 6%, int8: 1/127 of the row). csrc/fa2/probes/kv8_drift.py
+# measures it on this matrix's llama-d128 and first-round prompts (CPU, two summation
+# orders of the same float32 attention): over an fp16 cache the two stay equal within
+# 0.023, over E4M3 they reach 0.10 and over int8 0.062 before parting at near ties (gaps
+# <= 0.08). The 8-bit variants' tolerance is 2.5x that spread
+LP_TOL_KV8 = 0.25
 TOPK = 5  # logprobs per step: a near tie of three tokens is still seen
 # 1 GiB of KV cache whatever the GPU: engines of several xdist workers share it
 ENGINE = dict(dtype="float16", max_model_len=4096, max_num_batched_tokens=256, max_num_seqs=16,
@@ -204,7 +213,8 @@ def test_engine_matches_triton(engines, model, variant):
     rows, failures = [], []
     for r, (ref_round, our_round) in enumerate(zip(ref["rounds"], ours["rounds"])):
         for i, (a, b) in enumerate(zip(our_round, ref_round)):
-            m = compare(a, b, lp_tol=LP_TOL_OF.get(model, LP_TOL), tie_tol=TIE_TOL)
+            m = compare(a, b, lp_tol=LP_TOL_KV8 if kv else LP_TOL_OF.get(model, LP_TOL),
+                        tie_tol=TIE_TOL)
             rows.append({"round": r, "prompt": i, "ok": m.ok,
                          "equal": m.equal, "first_difference": m.first_difference,
                          "max_logprob_error": m.max_logprob_error, "tie_gap": m.tie_gap,
@@ -234,11 +244,4 @@ def test_engine_matches_triton(engines, model, variant):
         assert not graphs, graphs
     else:
         assert any("FULL" in ln for ln in graphs), f"no full CUDA graph captured: {graphs}"
-    if failures and kv:
-        # Measured (csrc/fa2/MEASUREMENTS.md, "The decode kernel"): over an 8-bit cache the
-        # tokens part earlier than over fp16, for both libraries, though the caches hold the
-        # same bytes and one attention call agrees with vLLM's kernel as over fp16; not
-        # explained. Everything above still has to hold; the tokens are reported here.
-        pytest.xfail("8-bit KV tokens part from TRITON_ATTN's (known, unexplained): "
-                     + "; ".join(failures))
     assert not failures, "\n".join(failures)
