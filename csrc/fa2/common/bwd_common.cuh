@@ -78,7 +78,8 @@ struct BwdShape {
   // 16-byte loads per thread in flight while copying a tile (0: unbounded): next to the
   // d >= 112 accumulators, unbounded copies spilled registers
   static constexpr int kCopyBatch = D >= 112 ? 4 : 0;
-  static constexpr int kDqCopyBatch = 0;
+  // (the dQ kernel at d512: one warp copies 16-row tiles, 32 loads per thread)
+  static constexpr int kDqCopyBatch = D > 256 ? 4 : 0;
   // Columns of dQ a CTA of the deterministic dQ kernel accumulates (d = 256: half, in two
   // CTAs that both compute S and dP: 128 accumulators per thread instead of 256 fit; d = 512:
   // a quarter, in four)
@@ -151,7 +152,9 @@ __device__ __forceinline__ void copy_tile(__half* s, const __half* g, int64_t ro
                                           int r0, int n, int head_dim, int tid) {
   constexpr int CH = D / 8, TOTAL = ROWS * CH, IT = (TOTAL + THREADS - 1) / THREADS;
   constexpr int B = BATCH == 0 || BATCH > IT ? IT : BATCH;
-#pragma unroll
+  // unrolled in full up to 16 loads per thread; beyond (d512's dQ kernel, one warp: 32)
+  // ptxas kept every load's address live across the key loop and spilled
+#pragma unroll(IT > 16 ? 4 : IT)
   for (int i0 = 0; i0 < IT; i0 += B) {
     uint4 v[B];
 #pragma unroll

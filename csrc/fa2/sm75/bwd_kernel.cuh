@@ -433,10 +433,10 @@ struct BwdDqOps {
   float l2[2], dsum[2];
   int a_frag, b_frag, bt_frag;
   float dq[DT][4];
-  // kDqVInRegs: this key tile's V rows in global memory (v_tile)
-  const __half* vg = nullptr;
-  int64_t v_stride = 0;
-  int vn0 = 0, vsk = 0, vhd = 0;
+  // kDqVInRegs: this thread's two V rows of the key tile in global memory (keys +g, +g + 8,
+  // from column 2 tig; null past the keys) and the head dim (v_tile)
+  const unsigned int* vrow[2] = {nullptr, nullptr};
+  int vcols = 0;
   // S (then unused) and dP (then dS) of one key tile, in the accumulators
   struct Scores {
     float s[NT][4], dp[NT][4];
@@ -472,22 +472,24 @@ struct BwdDqOps {
   // kDqVInRegs: the key tile's V is read from global memory in scores (no V tile)
   __device__ __forceinline__ void v_tile(const __half* v, int64_t stride, int n0, int sk,
                                          int head_dim) {
-    vg = v;
-    v_stride = stride;
-    vn0 = n0;
-    vsk = sk;
-    vhd = head_dim;
+    static_assert(BN == 16, "kDqVInRegs: one 16-key slice per tile");
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int key = n0 + hr * 8 + g;
+      vrow[hr] = key < sk ? reinterpret_cast<const unsigned int*>(v + (int64_t)key * stride + tig * 2)
+                          : nullptr;
+    }
+    vcols = head_dim - tig * 2;
   }
-  // The B fragment of keys nn * 16 .. + 15 and head-dim slice kk of V as ldmatrix_x4 at
-  // bV + (nn * 16 * ST + kk * 16) * 2 would give it (r: keys +0 / +8, columns +0 / +8),
-  // from global memory; keys past sk and columns past head_dim are zeros.
-  __device__ __forceinline__ void v_fragment(uint32_t (&b)[4], int nn, int kk) const {
+  // The B fragment of the tile's 16 keys and head-dim slice kk of V as ldmatrix_x4 at
+  // bV + kk * 16 * 2 would give it (r: keys +0 / +8, columns +0 / +8), from global memory;
+  // keys past sk and columns past head_dim are zeros.
+  __device__ __forceinline__ void v_fragment(uint32_t (&b)[4], int kk) const {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int key = vn0 + nn * 16 + (r >> 1) * 8 + g, col = kk * 16 + (r & 1) * 8 + tig * 2;
-      b[r] = key < vsk && col < vhd
-                 ? __ldg(reinterpret_cast<const unsigned int*>(vg + (int64_t)key * v_stride + col))
-                 : 0u;
+      const unsigned int* const row = vrow[r >> 1];
+      const int col = kk * 16 + (r & 1) * 8;  // from this thread's column 2 tig
+      b[r] = row != nullptr && col < vcols ? __ldg(row + col / 2) : 0u;
     }
   }
 
@@ -513,7 +515,7 @@ struct BwdDqOps {
         uint32_t bk[4], bv[4];
         ldmatrix_x4(bk, bK + (nn * 16 * ST + kk * 16) * 2);
         if constexpr (C::kDqVInRegs)
-          v_fragment(bv, nn, kk);
+          v_fragment(bv, kk);
         else
           ldmatrix_x4(bv, bV + (nn * 16 * ST + kk * 16) * 2);
         mma_k16(s[2 * nn], s[2 * nn + 1], aq, bk);
