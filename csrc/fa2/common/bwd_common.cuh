@@ -69,19 +69,25 @@ struct BwdShape {
   static constexpr int kStride = D + 8;    // fp16 tile rows (16-byte pad: no bank conflicts)
   static constexpr int kDsStride = BM + 8;  // dS^T [BN][BM + 8]
   static constexpr int kChunks = D / 8;
-  static_assert(D % 16 == 0 && D <= 256, "head dim: a multiple of 16, at most 256");
+  static_assert(D % 16 == 0 && D <= 512, "head dim: a multiple of 16, at most 512");
   static_assert(BN % 16 == 0 && BM % 16 == 0 && DQ_BM % 16 == 0 && DQ_BN % 16 == 0,
                 "tiles: multiples of 16");
   static_assert(BM <= kThreads, "the LSE / dsum of a query tile: one thread per row");
-  static_assert((KS == 1 || KS == 2) && D % (16 * KS) == 0,
-                "dim split: 1 or 2 warps per 16 keys, each a multiple of 16 columns");
+  static_assert((KS == 1 || KS == 2 || KS == 4) && D % (16 * KS) == 0,
+                "dim split: 1, 2 or 4 warps per 16 keys, each a multiple of 16 columns");
   // 16-byte loads per thread in flight while copying a tile (0: unbounded): next to the
   // d >= 112 accumulators, unbounded copies spilled registers
   static constexpr int kCopyBatch = D >= 112 ? 4 : 0;
-  static constexpr int kDqCopyBatch = 0;
+  // (the dQ kernel at d512: one warp copies 16-row tiles, 32 loads per thread)
+  static constexpr int kDqCopyBatch = D > 256 ? 4 : 0;
   // Columns of dQ a CTA of the deterministic dQ kernel accumulates (d = 256: half, in two
-  // CTAs that both compute S and dP: 128 accumulators per thread instead of 256 fit)
-  static constexpr int kDqCols = D > 128 ? D / 2 : D;
+  // CTAs that both compute S and dP: 128 accumulators per thread instead of 256 fit; d = 512:
+  // a quarter, in four)
+  static constexpr int kDqCols = D > 256 ? D / 4 : D > 128 ? D / 2 : D;
+  // Whether the dQ kernel reads V's B fragments straight from global memory instead of a V
+  // tile (d = 512: Q, dO, K and V tiles of 16 rows are 66,560 bytes, over a T4's 64 KB per
+  // block; without V 49,920)
+  static constexpr bool kDqVInRegs = D > 256;
 };
 
 namespace detail {
@@ -146,7 +152,9 @@ __device__ __forceinline__ void copy_tile(__half* s, const __half* g, int64_t ro
                                           int r0, int n, int head_dim, int tid) {
   constexpr int CH = D / 8, TOTAL = ROWS * CH, IT = (TOTAL + THREADS - 1) / THREADS;
   constexpr int B = BATCH == 0 || BATCH > IT ? IT : BATCH;
-#pragma unroll
+  // unrolled in full up to 16 loads per thread; beyond (d512's dQ kernel, one warp: 32)
+  // ptxas kept every load's address live across the key loop and spilled
+#pragma unroll(IT > 16 ? 4 : IT)
   for (int i0 = 0; i0 < IT; i0 += B) {
     uint4 v[B];
 #pragma unroll

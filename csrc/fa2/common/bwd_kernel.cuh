@@ -167,7 +167,10 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
     const int n0 = t * BN;
     __syncthreads();  // every warp is done with the previous K, V
     copy_tile<BN, T, D, ST, C::kDqCopyBatch>(sK, kg, p.k_row_stride, n0, sk, head_dim, tid);
-    copy_tile<BN, T, D, ST, C::kDqCopyBatch>(sV, vg, p.v_row_stride, n0, sk, head_dim, tid);
+    if constexpr (C::kDqVInRegs)  // the Ops read V's fragments from global memory
+      ops.v_tile(vg, p.v_row_stride, n0, sk, head_dim);
+    else
+      copy_tile<BN, T, D, ST, C::kDqCopyBatch>(sV, vg, p.v_row_stride, n0, sk, head_dim, tid);
     __syncthreads();
     typename Ops::Scores s;
     ops.scores(s, sQ, sdO, sK, sV);

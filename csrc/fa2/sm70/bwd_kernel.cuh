@@ -42,6 +42,7 @@ struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS
   using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS>;
   static_assert(KS == 1, "sm70 backward: no dim split (each warp owns whole rows of dK / dV)");
   static_assert(!V_IN_REGS, "sm70 backward: v_in_regs is not implemented (WMMA fragments)");
+  static_assert(!S::kDqVInRegs, "sm70 backward: head dims up to 256 (its dQ kernel stages V)");
   static constexpr int kSS = BM + 8;  // fp32 scratch row stride (S^T, dP^T; dQ/dK/dV tiles)
   static constexpr int kWarpScratchFloats = 2 * 16 * kSS;
   static constexpr int kTileBytes = (2 * BN + 2 * BM) * S::kStride * 2;

@@ -4,8 +4,8 @@
 // here: the dim split, K/V as A fragments in registers (v_in_regs), dQ in chunks.
 //
 // bwd_kernel: one CTA per (BN keys, kv head, batch), warp w owning keys 16w .. 16w + 15
-// (with a dim split, warps 2w and 2w + 1 own them, each half of the head dim: the
-// partial S^T / dP^T are summed through shared memory, common/dim_split.cuh), so
+// (with a dim split of KS, warps KS w .. KS w + KS - 1 own them, each 1 / KS of the head
+// dim: the partial S^T / dP^T are summed through shared memory, common/dim_split.cuh), so
 // everything is computed transposed (keys are the MMA rows):
 //   S^T = K Q^T, dP^T = V dO^T   A = the warp's K / V rows (ldmatrix), B = Q / dO as stored
 //   P^T, dS^T                    elementwise in the accumulators (LSE, dsum per column)
@@ -13,9 +13,10 @@
 //                                the forward), B = dO / Q through ldmatrix.trans
 //   dQ += dS K                   dS^T staged in shared memory (fp16), read back as A with
 //                                ldmatrix.trans; fp32 atomics into dq_accum
-// bwd_dq_kernel (deterministic): one CTA per (DQ_BM queries, head, batch), warp = 16 query
-// rows, as the forward: S = Q K^T, dP = dO V^T, dS, dQ += dS K in registers, key tiles in
-// ascending order; writes dq itself (fp16, times the scale).
+// bwd_dq_kernel (deterministic): one CTA per (DQ_BM queries, head, batch, dQ column part),
+// warp = 16 query rows, as the forward: S = Q K^T, dP = dO V^T, dS, dQ += dS K in
+// registers, key tiles in ascending order; writes dq itself (fp16, times the scale). At
+// d512 (kDqVInRegs) V's B fragments come from global memory, not a V tile.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -58,8 +59,8 @@ struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS
     return KS > 1 ? exchange_offset(mode) + S::kWarps * exchange_floats4(mode) * 16 : tile_bytes(mode);
   }
   static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);
-  // Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8]
-  static constexpr int kDqSmemBytes = (2 * DQ_BM + 2 * DQ_BN) * S::kStride * 2;
+  // Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8] (no V tile with kDqVInRegs)
+  static constexpr int kDqSmemBytes = (2 * DQ_BM + (S::kDqVInRegs ? 1 : 2) * DQ_BN) * S::kStride * 2;
   // dQ of a query tile: BM / 16 slices x D / 8 n8 tiles spread over the warps
   static constexpr int kSlices = BM / 16;
   static constexpr int kWarpsPerSlice = S::kWarps >= kSlices ? S::kWarps / kSlices : 1;
@@ -127,6 +128,7 @@ struct BwdMainOps {
   int a_frag, b_frag, bt_frag, ds_frag, key0;
   uint32_t tQ, tdO;  // this tile's Q and dO as B stored [k][n] (ldmatrix .trans)
   detail::PairSlots xs;
+  const float4* xfirst;  // KS = 4: the group's first exchange slot (sum_partials)
   uint32_t afrag[kARegs ? DW / 16 : 1][4];
 
   __device__ __forceinline__ BwdMainOps(unsigned char*, int warp_, int lane_)
@@ -150,10 +152,13 @@ struct BwdMainOps {
     bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
     ds_frag = ((lane & 7) + (lane >> 4) * 8) * SD + ((lane >> 3) & 1) * 8;
     key0 = n0 + kw * 16 + g;  // this thread's keys: key0, key0 + 8
-    // dim split (KS = 2): the exchange slots (common/dim_split.cuh), S^T then dP^T; the pair
-    // meets at named barrier 1 + kw
-    if constexpr (KS > 1)
+    // dim split: the exchange slots (common/dim_split.cuh), S^T then dP^T; the KS warps of
+    // 16 keys meet at named barrier 1 + kw
+    if constexpr (KS > 1) {
       xs = pair_slots(smem_raw + C::exchange_offset(MODE), warp, C::exchange_floats4(MODE), lane);
+      xfirst = group_slots(smem_raw + C::exchange_offset(MODE), warp, KS,
+                           C::exchange_floats4(MODE), lane);
+    }
     // kARegs: the A fragments of V's (kVRegs) or K's (kKRegs) 16 x D block of this warp
     // straight from global memory, as ldmatrix_x4 at aV / aK + kk * 32 would give them (r:
     // rows +0/+8, columns +0/+8 of slice kk); 32-bit loads, once per CTA. Keys past sk and
@@ -227,11 +232,19 @@ struct BwdMainOps {
       }
     }
     if constexpr (KS > 1) {
-      // S^T, dP^T = this half's partials + the partner's. A slot is rewritten next tile
-      // only after the loop's first barrier, which the partner reaches after its read.
+      // S^T, dP^T = this warp's partials + the others' of its group (KS = 2: the partner's
+      // added; KS = 4: all four slots summed in warp order, so that the four hold the same
+      // sum). A slot is rewritten next tile only after the loop's first barrier, which the
+      // others reach after their reads.
       if constexpr (kDk) put_partial(xs.mine, st, dpt); else put_partial(xs.mine, st);
       named_barrier(1 + kw, 32 * KS);
-      if constexpr (kDk) add_partial(st, dpt, xs.peer); else add_partial(st, xs.peer);
+      if constexpr (KS == 2) {
+        if constexpr (kDk) add_partial(st, dpt, xs.peer); else add_partial(st, xs.peer);
+      } else {
+        constexpr int slot = C::exchange_floats4(MODE);
+        sum_partials<KS>(st, xfirst, slot);
+        if constexpr (kDk) sum_partials<KS>(dpt, xfirst + NQ * 32, slot);
+      }
     }
   }
 
@@ -420,6 +433,10 @@ struct BwdDqOps {
   float l2[2], dsum[2];
   int a_frag, b_frag, bt_frag;
   float dq[DT][4];
+  // kDqVInRegs: this thread's two V rows of the key tile in global memory (keys +g, +g + 8,
+  // from column 2 tig; null past the keys) and the head dim (v_tile)
+  const unsigned int* vrow[2] = {nullptr, nullptr};
+  int vcols = 0;
   // S (then unused) and dP (then dS) of one key tile, in the accumulators
   struct Scores {
     float s[NT][4], dp[NT][4];
@@ -452,6 +469,30 @@ struct BwdDqOps {
     for (int i = 0; i < DT; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
   }
 
+  // kDqVInRegs: the key tile's V is read from global memory in scores (no V tile)
+  __device__ __forceinline__ void v_tile(const __half* v, int64_t stride, int n0, int sk,
+                                         int head_dim) {
+    static_assert(BN == 16, "kDqVInRegs: one 16-key slice per tile");
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int key = n0 + hr * 8 + g;
+      vrow[hr] = key < sk ? reinterpret_cast<const unsigned int*>(v + (int64_t)key * stride + tig * 2)
+                          : nullptr;
+    }
+    vcols = head_dim - tig * 2;
+  }
+  // The B fragment of the tile's 16 keys and head-dim slice kk of V as ldmatrix_x4 at
+  // bV + kk * 16 * 2 would give it (r: keys +0 / +8, columns +0 / +8), from global memory;
+  // keys past sk and columns past head_dim are zeros.
+  __device__ __forceinline__ void v_fragment(uint32_t (&b)[4], int kk) const {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const unsigned int* const row = vrow[r >> 1];
+      const int col = kk * 16 + (r & 1) * 8;  // from this thread's column 2 tig
+      b[r] = row != nullptr && col < vcols ? __ldg(row + col / 2) : 0u;
+    }
+  }
+
   __device__ __forceinline__ void scores(Scores& t, const __half* sQ, const __half* sdO,
                                          const __half* sK, const __half* sV) {
     using namespace detail;
@@ -473,7 +514,10 @@ struct BwdDqOps {
       for (int nn = 0; nn < BN / 16; ++nn) {
         uint32_t bk[4], bv[4];
         ldmatrix_x4(bk, bK + (nn * 16 * ST + kk * 16) * 2);
-        ldmatrix_x4(bv, bV + (nn * 16 * ST + kk * 16) * 2);
+        if constexpr (C::kDqVInRegs)
+          v_fragment(bv, kk);
+        else
+          ldmatrix_x4(bv, bV + (nn * 16 * ST + kk * 16) * 2);
         mma_k16(s[2 * nn], s[2 * nn + 1], aq, bk);
         mma_k16(dp[2 * nn], dp[2 * nn + 1], ad, bv);
       }
