@@ -24,7 +24,7 @@ written by models.py, float16, token-id prompts (no tokenizer). Each model is ru
   d128 and d64 on sm75, d128 on sm70, CUDA graphs) against TRITON_ATTN over the same format
   (for fp8 with the query kept fp16 as sm7x keeps it: vLLM's Triton path would quantize it
   to fp8 on the sm89+ GPUs where it takes an fp8 cache), at the logprob tolerance
-  LP_TOL_KV8 (two exact kernels drift apart over an 8-bit cache: csrc/fa2/probes/kv8_drift.py);
+  LP_TOL_KV8 (two exact kernels drift apart over an 8-bit cache: csrc/fa2/probes/kv8_drift.py).
 
 Needs a CUDA GPU, vLLM and sm7x installed where vLLM sees its entry points (``pip install
 --no-deps -e .`` in vLLM's environment, or the conda packages), transformers to write the
