@@ -94,8 +94,7 @@ def step_account(r: dict) -> dict:
         step = step_ms(r.get(f"{impl}_tok_s"))
         out[f"{impl}_step_ms"] = step
         out[f"{impl}_attention_ms"] = step - floor if step and floor else None
-    base = out["sdpa_expanded_step_ms"]
-    out["max_x_sdpa_expanded"] = base / floor if base and floor else None
+    out["max_x_sdpa_expanded"] = ratio(out["sdpa_expanded_step_ms"], floor)
     return out
 
 
