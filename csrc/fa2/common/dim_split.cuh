@@ -67,13 +67,6 @@ __device__ __forceinline__ void add_partial(float (&a)[N][4], float (&b)[N][4], 
   }
 }
 
-// The first slot of this lane's group of KS warps (warps KS * (warp / KS) ..): what
-// sum_partials reads from.
-__device__ __forceinline__ const float4* group_slots(unsigned char* base, int warp, int ks,
-                                                     int slot, int lane) {
-  return reinterpret_cast<const float4*>(base) + (warp - warp % ks) * slot + lane;
-}
-
 // Four warps (KS = 4, d512) share the rows: each sums all four slots of its group, its own
 // included, in warp order, so that all four hold the same sum (fp32 addition is not
 // associative: one order for all). `first`: this lane's float4 in the group's first slot;

@@ -156,8 +156,7 @@ struct BwdMainOps {
     // 16 keys meet at named barrier 1 + kw
     if constexpr (KS > 1) {
       xs = pair_slots(smem_raw + C::exchange_offset(MODE), warp, C::exchange_floats4(MODE), lane);
-      xfirst = group_slots(smem_raw + C::exchange_offset(MODE), warp, KS,
-                           C::exchange_floats4(MODE), lane);
+      xfirst = xs.mine - (warp % KS) * C::exchange_floats4(MODE);  // as the forward's
     }
     // kARegs: the A fragments of V's (kVRegs) or K's (kKRegs) 16 x D block of this warp
     // straight from global memory, as ldmatrix_x4 at aV / aK + kk * 32 would give them (r:
