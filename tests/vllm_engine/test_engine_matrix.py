@@ -74,7 +74,10 @@ LP_TOL_OF = {"gptoss-sinks": 0.1}
 # measures it on this matrix's llama-d128 and first-round prompts (CPU, two summation
 # orders of the same float32 attention): over an fp16 cache the two stay equal within
 # 0.023, over E4M3 they reach 0.10 and over int8 0.062 before parting at near ties (gaps
-# <= 0.08). The 8-bit variants' tolerance is 2.5x that spread
+# <= 0.08). The 8-bit variants' tolerance is 2.5x that spread, for the logprobs and for
+# the near ties where the tokens part (a drift of 0.2 flips a tie of that size): in the
+# engines (H100, vLLM 0.26) logprobs drifted up to 0.21 and the tokens parted at gaps up
+# to 0.18 (E4M3)
 LP_TOL_KV8 = 0.25
 TOPK = 5  # logprobs per step: a near tie of three tokens is still seen
 # 1 GiB of KV cache whatever the GPU: engines of several xdist workers share it
@@ -214,7 +217,7 @@ def test_engine_matches_triton(engines, model, variant):
     for r, (ref_round, our_round) in enumerate(zip(ref["rounds"], ours["rounds"])):
         for i, (a, b) in enumerate(zip(our_round, ref_round)):
             m = compare(a, b, lp_tol=LP_TOL_KV8 if kv else LP_TOL_OF.get(model, LP_TOL),
-                        tie_tol=TIE_TOL)
+                        tie_tol=LP_TOL_KV8 if kv else TIE_TOL)
             rows.append({"round": r, "prompt": i, "ok": m.ok,
                          "equal": m.equal, "first_difference": m.first_difference,
                          "max_logprob_error": m.max_logprob_error, "tie_gap": m.tie_gap,
@@ -236,9 +239,13 @@ def test_engine_matches_triton(engines, model, variant):
     assert len(ours["rounds"]) == len(ref["rounds"])
     if ngram:  # drafts were proposed and verified (acceptance is the random model's)
         assert ours["spec_decode"].get("spec_decode_num_draft_tokens", 0) > 0, ours["spec_decode"]
-    else:  # the second round reuses the first one's prefixes
-        hits = [row["cached_tokens"] for row in rows if row["round"] == 1]
-        assert all(h > 0 for h in hits), f"no prefix-cache hit in round 2: {hits}"
+    else:  # the second round reuses the first one's prefixes wherever the reference does
+        # (a model with sliding-window layers caches in larger blocks: Gemma 4's 16-token
+        # shared prefix is shorter than one, in either engine)
+        hits = [(row["cached_tokens"], row["ref_cached_tokens"]) for row in rows
+                if row["round"] == 1]
+        assert any(h for h, _ in hits) and all(h > 0 for h, ref_h in hits if ref_h > 0), \
+            f"prefix-cache hits in round 2 (sm7x, reference): {hits}"
     graphs = [ln for ln in ours["log_lines"] if "Capturing CUDA graphs" in ln]
     if extra.get("enforce_eager"):
         assert not graphs, graphs
