@@ -54,17 +54,21 @@ def test_no_attention_returns_the_query_as_output():
     assert out.shape == (2, 3, 4, 8) and weights is None and out.data_ptr() == q.data_ptr()
 
 
-def test_attention_calls_are_timed_per_implementation():
+@pytest.mark.parametrize("sdpa_gqa", [True, False])
+def test_attention_calls_are_timed_per_implementation(monkeypatch, sdpa_gqa):
+    """transformers' sdpa either passes GQA to torch or repeats K/V by the layer's
+    num_key_value_groups (on CUDA under some transformers versions): both must run."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    from transformers.integrations import sdpa_attention
+
+    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", lambda *a, **k: sdpa_gqa)
     generate._register_no_attention(transformers)
     generate._register_expanded_sdpa(transformers, torch)
-    r = generate.time_attention_calls(torch, ("sdpa_expanded", generate.NO_ATTENTION), 2, 40,
-                                      4, 2, 16, device="cpu", calls=3)
-    assert set(r) == {f"{i}_call{w}_us" for i in ("sdpa_expanded", generate.NO_ATTENTION)
-                      for w in ("_host", "")}
-    assert all(0 < r[f"{i}_call_host_us"] <= r[f"{i}_call_us"]
-               for i in ("sdpa_expanded", generate.NO_ATTENTION))
+    impls = ("sdpa", "sdpa_expanded", generate.NO_ATTENTION)
+    r = generate.time_attention_calls(torch, impls, 2, 40, 4, 2, 16, device="cpu", calls=3)
+    assert set(r) == {f"{i}_call{w}_us" for i in impls for w in ("_host", "")}
+    assert all(0 < r[f"{i}_call_host_us"] <= r[f"{i}_call_us"] for i in impls)
     line = generate._calls_line(r)
     assert "sdpa_expanded" in line and "no_attention" in line and "sm7x" not in line
     assert generate._calls_line({}) == "  one attention call: -"

@@ -53,6 +53,7 @@ def test_bad_arguments_exit_2(capsys, argv, why):
 def test_child_env_forces_the_library_and_the_test_aid_only_where_needed(monkeypatch):
     monkeypatch.setenv("SM7X_FA2_FORCE", "sm70")  # the parent's own setting never leaks
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("SM7X_VLLM_FP32_RESIDUAL", raising=False)
     env = _vllm_engine.child_env({"backend": "sm7x", "arch": "sm75"}, (9, 0))
     assert env["SM7X_FA2_FORCE"] == "sm75" and env["SM7X_VLLM_TEST_ANY_GPU"] == "1"
     env = _vllm_engine.child_env({"backend": "sm7x", "arch": None}, (7, 5))
@@ -64,6 +65,11 @@ def test_child_env_forces_the_library_and_the_test_aid_only_where_needed(monkeyp
     # an fp8 reference that keeps the query fp16: the patch must run in the engine core
     env = _vllm_engine.child_env({"backend": "TRITON_ATTN", "fp16_query": True}, (9, 0))
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    # a spec's own variables reach its engine only
+    env = _vllm_engine.child_env({"backend": "sm7x", "env": {"SM7X_VLLM_FP32_RESIDUAL": "1"}},
+                                 (7, 5))
+    assert env["SM7X_VLLM_FP32_RESIDUAL"] == "1"
+    assert "SM7X_VLLM_FP32_RESIDUAL" not in _vllm_engine.child_env({"backend": "sm7x"}, (7, 5))
 
 
 def test_failed_child_raises_with_its_log(tmp_path):

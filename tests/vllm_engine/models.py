@@ -66,6 +66,18 @@ MODELS = {
 }
 
 
+# Models built from one of MODELS with some weights scaled, outside the matrix: name ->
+# (base model, what is scaled, factor, what it covers). gemma2-overflow: each post-feedforward
+# norm's (1 + weight) times 1e4 pushes the residual stream past float16's 65504 (it peaks at
+# 66k-80k in layers 2-3 on a 300-token prompt, in float32 on the CPU) while every layer's
+# own output stays below it (<= 48k): the case vLLM refuses float16 for, which sm7x's
+# float32 residual (SM7X_VLLM_FP32_RESIDUAL) is for.
+SCALED = {
+    "gemma2-overflow": ("gemma2-softcap", "post_feedforward_layernorm", 1.0e4,
+                        "Gemma 2 whose residual stream passes fp16's range"),
+}
+
+
 def write_tokenizer(path: str) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -87,7 +99,8 @@ def write_model(name: str, path: str) -> str:
     import torch
     import transformers
 
-    cls, kw, _, _ = MODELS[name]
+    base, norm, factor, _ = SCALED.get(name, (name, None, None, None))
+    cls, kw, _, _ = MODELS[base]
     cfg = getattr(transformers, cls)(**{**COMMON, **kw})
     cfg.torch_dtype = "float16"
     if cfg.model_type == "gemma4_text":  # vLLM 0.26 reads one global head_dim (its layers
@@ -102,6 +115,9 @@ def write_model(name: str, path: str) -> str:
         if cfg.model_type == "gemma4_text":
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.mul_(layer.self_attn.head_dim ** -0.5)
+        if norm is not None:  # Gemma norms scale by (1 + weight)
+            for layer in model.model.layers:
+                getattr(layer, norm).weight.add_(1.0).mul_(factor).sub_(1.0)
     model.save_pretrained(path, safe_serialization=True)
     write_tokenizer(path)
     open(done, "w").close()
@@ -109,4 +125,4 @@ def write_model(name: str, path: str) -> str:
 
 
 def fp16_forced(name: str) -> tuple[str, ...]:
-    return MODELS[name][2]
+    return MODELS[SCALED[name][0] if name in SCALED else name][2]

@@ -48,3 +48,13 @@ def test_difference_outside_topk_fails():
 
 def test_length_mismatch_fails():
     assert not compare(_run([1], [{"1": 0.0}]), _run([1, 2], [{"1": 0.0}, {"2": 0.0}]), **TOL).ok
+
+
+def test_non_finite_logprobs_fail():
+    """NaN logprobs (overflowed activations) fail, equal tokens or not; -inf too."""
+    ref = _run([5, 6], [{"5": -0.1}, {"6": -0.2}])
+    for bad in (float("nan"), float("-inf")):
+        m = compare(_run([5, 6], [{"5": -0.1}, {"6": bad}]), ref, **TOL)
+        assert not m.ok and "not finite" in m.why
+        m = compare(ref, _run([5, 6], [{"5": bad, "7": -3.0}, {"6": -0.2}]), **TOL)
+        assert not m.ok and "not finite" in m.why

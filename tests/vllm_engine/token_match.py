@@ -38,6 +38,12 @@ def _lp(step: dict, token: int) -> float | None:
     return None if v is None else float(v)
 
 
+def _not_finite(*steps: dict) -> bool:
+    """A NaN or inf logprob (an engine whose activations overflowed) compares as nothing:
+    max() over NaN errors would keep the old value and pass it."""
+    return any(not math.isfinite(float(v)) for step in steps for v in step.values())
+
+
 def compare(ours: dict, ref: dict, *, lp_tol: float, tie_tol: float) -> Match:
     """``ours``/``ref``: {"tokens": [int], "logprobs": [{token: logprob}] per step} (vLLM's
     top-k logprobs of each step, the chosen token always among them)."""
@@ -48,6 +54,9 @@ def compare(ours: dict, ref: dict, *, lp_tol: float, tie_tol: float) -> Match:
     worst = 0.0
     for i, (x, y) in enumerate(zip(a, b)):
         lo, lr = ours["logprobs"][i], ref["logprobs"][i]
+        if _not_finite(lo, lr):
+            return Match(False, False, len(a), i, worst, None,
+                         f"step {i}: a logprob is not finite (NaN or inf)")
         if x == y:
             ex, ey = _lp(lo, x), _lp(lr, y)
             if ex is None or ey is None:

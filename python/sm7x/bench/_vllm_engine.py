@@ -18,7 +18,8 @@ builds ``vllm.LLM(**spec["engine"])`` and runs ``spec["task"]``:
   at the same length (Triton compiles per shape; prefix caching is off for these).
 
 ``fp16_query`` (a TRITON_ATTN reference over an fp8 cache): the query stays fp16, as in
-sm7x, instead of vLLM quantizing it to fp8 for the Triton kernel.
+sm7x, instead of vLLM quantizing it to fp8 for the Triton kernel. ``env``: variables set
+in this engine's process only.
 
 Backends: ``"sm7x"`` lets vLLM choose (with sm7x's platform plugin that is sm7x's
 backend; the child checks the log line that says so), with ``arch`` forcing the FA2
@@ -39,7 +40,8 @@ import time
 # Log lines worth keeping in a result: which backend vLLM took, and its CUDA graphs.
 LOG_KEEP = re.compile(r"Using the sm7x FlashAttention-2|sm7x FlashAttention-2 backend not "
                       r"used|Using AttentionBackendEnum|Using \S+ backend|Capturing CUDA graphs"
-                      r" \(.*100%|Graph capturing finished|Platform plugin")
+                      r" \(.*100%|Graph capturing finished|Platform plugin|residual stream kept in "
+                      r"float32")
 SM7X_LOG = "Using the sm7x FlashAttention-2 attention backend"
 
 
@@ -61,6 +63,7 @@ def child_env(spec: dict, capability: tuple[int, int] | None) -> dict:
             env["SM7X_VLLM_TEST_ANY_GPU"] = "1"
     if spec.get("fp16_query"):  # the patch (_keep_query_fp16) must reach the engine core
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.update(spec.get("env", {}))  # e.g. SM7X_VLLM_FP32_RESIDUAL for one engine
     return env
 
 

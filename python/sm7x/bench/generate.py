@@ -116,8 +116,9 @@ def time_attention_calls(torch, impls, batch: int, kv_len: int, heads: int, kv_h
     q = torch.randn(batch, heads, 1, head_dim, generator=g, device=device, dtype=torch.float16)
     k, v = (torch.randn(batch, kv_heads, kv_len, head_dim, generator=g, device=device,
                         dtype=torch.float16) for _ in range(2))
-    module = torch.nn.Module()
+    module = torch.nn.Module()  # what the implementations read from an attention layer
     module.is_causal, module.layer_idx = True, 0
+    module.num_key_value_groups = heads // kv_heads  # transformers' sdpa repeats K/V by it
     out = {}
     for impl in impls:
         fn = ALL_ATTENTION_FUNCTIONS[impl]
