@@ -77,3 +77,13 @@ def test_failed_child_raises_with_its_log(tmp_path):
             "task": "generate", "engine": {}}
     with pytest.raises(_vllm_engine.EngineError, match="failed"):
         _vllm_engine.run(spec, str(tmp_path), timeout=120)
+
+
+def test_engine_images_are_the_same_in_every_engine():
+    """The multimodal prompts' images are made from (height, width, seed) in each child."""
+    import numpy as np
+
+    a, b = _vllm_engine._image(56, 80, 3), _vllm_engine._image(56, 80, 3)
+    assert a.size == (80, 56) and a.mode == "RGB"
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a), np.asarray(_vllm_engine._image(56, 80, 4)))

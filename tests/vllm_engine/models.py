@@ -78,23 +78,77 @@ SCALED = {
 }
 
 
-def write_tokenizer(path: str) -> None:
+def write_tokenizer(path: str, special: tuple[str, ...] = ()):
+    """The WordLevel tokenizer (``w4`` .. ``w1023``), with ``special`` tokens after the
+    vocabulary (ids VOCAB, VOCAB + 1, ...); returns it."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
     vocab.update({f"w{i}": i for i in range(4, VOCAB)})
+    vocab.update({t: VOCAB + i for i, t in enumerate(special)})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", pad_token="<pad>")
+                                   unk_token="<unk>", pad_token="<pad>",
+                                   additional_special_tokens=list(special))
     fast.save_pretrained(path)
+    return fast
+
+
+# Vision-language models, outside the decoder matrix: name -> what it covers. qwen25vl-d80:
+# a Qwen2.5-VL vision tower of head size 80 (Qwen2.5-VL's own: 1280 / 16), 4 blocks, two
+# of them over 112-pixel windows (8 x 8 patches) and two over whole images, before a GQA
+# 8/2 d64 decoder with M-RoPE.
+VL_MODELS = {"qwen25vl-d80": "Qwen2.5-VL vision tower (head size 80, windowed and full "
+                             "layers) before a GQA d64 decoder"}
+VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def image_prompt_ids(words: list[int], images: int) -> list[int]:
+    """A prompt's token ids: the words, then per image vision_start, image_pad, vision_end
+    (vLLM expands each image_pad to the image's tokens)."""
+    start, end, pad = (VOCAB + VL_TOKENS.index(t) for t in VL_TOKENS[:3])
+    return list(words) + [start, pad, end] * images
+
+
+def _write_qwen25vl(path: str) -> None:
+    import torch
+    import transformers
+
+    fast = write_tokenizer(path, VL_TOKENS)
+    ids = {t: fast.convert_tokens_to_ids(t) for t in VL_TOKENS}
+    cfg = transformers.Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=VOCAB + 8, hidden_size=512, intermediate_size=1024,
+                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                         max_position_embeddings=8192, initializer_range=0.12,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                          "mrope_section": [8, 12, 12]}),
+        vision_config=dict(depth=4, hidden_size=320, intermediate_size=640, num_heads=4,
+                           out_hidden_size=512, fullatt_block_indexes=[1, 3], window_size=112,
+                           initializer_range=0.12),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration._from_config(cfg, dtype=torch.float16)
+    model.save_pretrained(path, safe_serialization=True)
+    # images of 56 x 56 to 224 x 224 pixels: 16 to 256 patches (4 to 64 tokens) each
+    images = transformers.Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=224 * 224)
+    transformers.Qwen2_5_VLProcessor(image_processor=images, tokenizer=fast,
+                                     video_processor=transformers.Qwen2VLVideoProcessor()
+                                     ).save_pretrained(path)
 
 
 def write_model(name: str, path: str) -> str:
     """Writes model ``name`` into ``path`` (once: an existing complete directory is kept)."""
     done = os.path.join(path, ".complete")
     if os.path.exists(done):
+        return path
+    if name in VL_MODELS:
+        _write_qwen25vl(path)
+        open(done, "w").close()
         return path
     import torch
     import transformers

@@ -23,6 +23,9 @@ written by models.py, float16, token-id prompts (no tokenizer). Each model is ru
 - Gemma 2 with a residual stream past 65504 (models.SCALED) in float16 with
   SM7X_VLLM_FP32_RESIDUAL=1, against a float32 engine, vLLM's own float16 run recorded
   beside it (test_fp32_residual_serves_gemma2_in_float16);
+- Qwen2.5-VL (models.VL_MODELS): its vision tower through sm7x's MMEncoderAttention and its
+  decoder through the sm7x backend, against TORCH_SDPA and TRITON_ATTN
+  (test_vision_tower_matches_sdpa);
 - and with 8-bit KV caches (``kv_cache_dtype`` fp8, int8_per_token_head: Llama
   d128 and d64 on sm75, d128 on sm70, CUDA graphs) against TRITON_ATTN over the same format
   (for fp8 with the query kept fp16 as sm7x keeps it: vLLM's Triton path would quantize it
@@ -56,7 +59,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm", reason="needs vLLM (a GPU build)")
 pytest.importorskip("transformers", reason="writes its test models with transformers")
 
-from models import MODELS, SCALED, VOCAB, fp16_forced, write_model  # noqa: E402
+from models import (MODELS, SCALED, VL_MODELS, VOCAB, fp16_forced, image_prompt_ids,  # noqa: E402
+                    write_model)
 from token_match import compare  # noqa: E402
 
 from sm7x.bench import _vllm_engine  # noqa: E402
@@ -162,15 +166,17 @@ class _Engines:
 
     def result(self, model: str, backend: str, arch: str | None, extra: dict,
                tag: str, fp16_query: bool = False, env: dict | None = None,
-               allow_fp16: bool = True) -> dict:
+               allow_fp16: bool = True, rounds: list | None = None) -> dict:
         """``allow_fp16``: lift vLLM's float16 refusal of the model in the harness (False: the
-        engine must get float16 some other way); ``env``: this engine's own variables."""
+        engine must get float16 some other way); ``env``: this engine's own variables;
+        ``rounds``: its prompts (default: the matrix's, or the ngram ones)."""
         key = (model, backend, arch, tag)
         if key not in self.cache:
             ngram = "ngram" in tag
             spec = {"name": f"{model}.{tag}", "model": self.model(model), "backend": backend,
                     "arch": arch, "task": "generate", "max_tokens": NEW_TOKENS, "logprobs": TOPK,
-                    "rounds": _ngram_prompts() if ngram else _prompts(), "env": env or {},
+                    "rounds": rounds or (_ngram_prompts() if ngram else _prompts()),
+                    "env": env or {},
                     "allow_fp16_models": list(fp16_forced(model)) if allow_fp16 else [],
                     "fp16_query": fp16_query,
                     "engine": {**ENGINE, **extra,
@@ -311,4 +317,44 @@ def test_fp32_residual_serves_gemma2_in_float16(engines, arch):
     assert any("residual stream kept in float32" in ln for ln in ours["log_lines"]), \
         "the sm7x plugin did not say it lifted vLLM's float16 refusal"
     assert any("FULL" in ln for ln in ours["log_lines"] if "Capturing CUDA graphs" in ln)
+    assert not failures, "\n".join(failures)
+
+
+# The vision-language engines: tokenizer on (vLLM's multimodal processor needs it), up to
+# two images per prompt, and the tower's attention named: vLLM would pick FLASH_ATTN on the
+# H100 (TORCH_SDPA on V100 / T4, where sm7x replaces it), which the test's vLLM lacks
+VL_ENGINE = dict(skip_tokenizer_init=False, limit_mm_per_prompt={"image": 2},
+                 mm_encoder_attn_backend="TORCH_SDPA")
+
+
+def _vl_prompts() -> list[list]:
+    """One round: images of several sizes (16-256 patches; windows of 8 x 8 patches cut at
+    their edges), two images of different sizes in one prompt, and a text-only prompt
+    batched with them."""
+    rng = random.Random(2)
+    words = lambda n: [rng.randrange(4, VOCAB) for _ in range(n)]  # noqa: E731
+    return [[{"token_ids": image_prompt_ids(words(5), 1), "images": [[150, 200, 0]]},
+             {"token_ids": image_prompt_ids(words(30), 2), "images": [[56, 56, 1], [224, 168, 2]]},
+             words(40),
+             {"token_ids": image_prompt_ids(words(3), 1), "images": [[224, 224, 3]]}]]
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.xdist_group("qwen25vl"))
+                                  for a in ("sm75", "sm70")])
+def test_vision_tower_matches_sdpa(engines, arch):
+    """Qwen2.5-VL (models.VL_MODELS) with the sm7x platform: the vision tower's attention
+    through sm7x (Sm7xMMEncoderAttention in MMEncoderAttention's place, one varlen call per
+    layer over the images' patches or windows) and the decoder's through the sm7x backend,
+    CUDA graphs; against the same engine with TORCH_SDPA for the tower and TRITON_ATTN for
+    the decoder, at the matrix's tolerances."""
+    pytest.importorskip("torchvision", reason="transformers' Qwen2.5-VL video processor")
+    model = "qwen25vl-d80"
+    ref = engines.result(model, "TRITON_ATTN", None, VL_ENGINE, "triton-sdpa",
+                         rounds=_vl_prompts())
+    ours = engines.result(model, "sm7x", arch, VL_ENGINE, f"{arch}-graphs", rounds=_vl_prompts())
+    rows, failures = _compare_runs(ours, ref, lp_tol=LP_TOL, tie_tol=TIE_TOL)
+    _record(engines, model, VL_MODELS[model], f"{arch}-graphs", arch, ours, ref, rows)
+    tower = [ln for ln in ours["log_lines"] if "MMEncoderAttention" in ln]
+    assert any("Using sm7x FlashAttention-2 for MMEncoderAttention (head size 80)" in ln
+               for ln in tower), f"the vision tower did not run on sm7x: {tower}"
     assert not failures, "\n".join(failures)

@@ -8,10 +8,10 @@ libraries are only comparable, and only cleanly torn down, in separate processes
 The parent calls :func:`run`; the child (``python -m sm7x.bench._vllm_engine SPEC OUT``)
 builds ``vllm.LLM(**spec["engine"])`` and runs ``spec["task"]``:
 
-- ``generate``: greedy generation of ``rounds`` (lists of token-id prompts, one
-  ``LLM.generate`` call per round, so a later round hits the prefix cache of an earlier
-  one), with the top ``logprobs`` of every step; returns tokens, logprobs and the prefix
-  cache hits per prompt.
+- ``generate``: greedy generation of ``rounds`` (lists of token-id prompts, with images
+  for a multimodal model: ``_prompts``; one ``LLM.generate`` call per round, so a later
+  round hits the prefix cache of an earlier one), with the top ``logprobs`` of every
+  step; returns tokens, logprobs and the prefix cache hits per prompt.
 - ``throughput``: ``cases`` of (prompts, input length, output length): one untimed
   warm-up generate of the same shapes, then the timed one; and ``ttft`` lengths: the
   median latency of a one-token generate of one prompt of that length after a warm-up
@@ -41,7 +41,7 @@ import time
 LOG_KEEP = re.compile(r"Using the sm7x FlashAttention-2|sm7x FlashAttention-2 backend not "
                       r"used|Using AttentionBackendEnum|Using \S+ backend|Capturing CUDA graphs"
                       r" \(.*100%|Graph capturing finished|Platform plugin|residual stream kept in "
-                      r"float32")
+                      r"float32|MMEncoderAttention|for vit attention")
 SM7X_LOG = "Using the sm7x FlashAttention-2 attention backend"
 
 
@@ -136,10 +136,29 @@ def _sampling(max_tokens: int, logprobs: int | None = None):
                           logprobs=logprobs, detokenize=False)
 
 
+def _image(height: int, width: int, seed: int):
+    """A random RGB image (PIL), the same for a (height, width, seed) in every engine."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.RandomState(seed).randint(0, 256, (height, width, 3),
+                                                               dtype=np.uint8))
+
+
 def _prompts(rows):
+    """Token-id prompts: a list of ids, or {"token_ids": [...], "images": [[height, width,
+    seed], ...]} for a multimodal model (the ids hold its image placeholders)."""
     from vllm.inputs import TokensPrompt
 
-    return [TokensPrompt(prompt_token_ids=list(r)) for r in rows]
+    out = []
+    for r in rows:
+        if isinstance(r, dict):
+            prompt = TokensPrompt(prompt_token_ids=list(r["token_ids"]))
+            prompt["multi_modal_data"] = {"image": [_image(*i) for i in r["images"]]}
+            out.append(prompt)
+        else:
+            out.append(TokensPrompt(prompt_token_ids=list(r)))
+    return out
 
 
 def _generate(llm, spec: dict) -> dict:
