@@ -105,11 +105,16 @@ VL_MODELS = {"qwen25vl-d80": "Qwen2.5-VL vision tower (head size 80, windowed an
 VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 
+def vl_token_id(token: str) -> int:
+    """A vision token's id: after the vocabulary, in VL_TOKENS' order (write_tokenizer)."""
+    return VOCAB + VL_TOKENS.index(token)
+
+
 def image_prompt_ids(words: list[int], images: int) -> list[int]:
     """A prompt's token ids: the words, then per image vision_start, image_pad, vision_end
     (vLLM expands each image_pad to the image's tokens)."""
-    start, end, pad = (VOCAB + VL_TOKENS.index(t) for t in VL_TOKENS[:3])
-    return list(words) + [start, pad, end] * images
+    ids = [vl_token_id(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")]
+    return list(words) + ids * images
 
 
 def _write_qwen25vl(path: str) -> None:
@@ -117,7 +122,7 @@ def _write_qwen25vl(path: str) -> None:
     import transformers
 
     fast = write_tokenizer(path, VL_TOKENS)
-    ids = {t: fast.convert_tokens_to_ids(t) for t in VL_TOKENS}
+    ids = {t: vl_token_id(t) for t in VL_TOKENS}
     cfg = transformers.Qwen2_5_VLConfig(
         text_config=dict(vocab_size=VOCAB + 8, hidden_size=512, intermediate_size=1024,
                          num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
@@ -148,13 +153,23 @@ def write_model(name: str, path: str) -> str:
         return path
     if name in VL_MODELS:
         _write_qwen25vl(path)
-        open(done, "w").close()
-        return path
+    else:
+        _write_decoder(name, path)
+    open(done, "w").close()
+    return path
+
+
+def _base(name: str) -> str:
+    """The MODELS entry a model is built from (itself, or a SCALED model's base)."""
+    return SCALED[name][0] if name in SCALED else name
+
+
+def _write_decoder(name: str, path: str) -> None:
     import torch
     import transformers
 
-    base, norm, factor, _ = SCALED.get(name, (name, None, None, None))
-    cls, kw, _, _ = MODELS[base]
+    _, norm, factor, _ = SCALED.get(name, (name, None, None, None))
+    cls, kw, _, _ = MODELS[_base(name)]
     cfg = getattr(transformers, cls)(**{**COMMON, **kw})
     cfg.torch_dtype = "float16"
     if cfg.model_type == "gemma4_text":  # vLLM 0.26 reads one global head_dim (its layers
@@ -174,9 +189,7 @@ def write_model(name: str, path: str) -> str:
                 getattr(layer, norm).weight.add_(1.0).mul_(factor).sub_(1.0)
     model.save_pretrained(path, safe_serialization=True)
     write_tokenizer(path)
-    open(done, "w").close()
-    return path
 
 
 def fp16_forced(name: str) -> tuple[str, ...]:
-    return MODELS[SCALED[name][0] if name in SCALED else name][2]
+    return MODELS[_base(name)][2]

@@ -32,6 +32,7 @@ from sm7x.bench.fa2 import _ints, occupancy_of
 from sm7x.fa2 import flash_attn_func
 
 HEADS = 16
+SSIU_HEAD_DIMS = {64, 128}
 GQA = (128, 32, 8)  # (head dim, query heads, kv heads)
 
 
@@ -82,6 +83,9 @@ def cell(ssiu, d: int, h: int, hk: int, s: int, causal: bool, tokens: int, iters
 def run(head_dims, seqlens, tokens: int, iters: int, repeats: int, occupancy: str | None) -> dict:
     import flash_attn_turing as ssiu
 
+    if set(head_dims) - SSIU_HEAD_DIMS:  # ssiu launches nothing for others and returns zeros
+        raise ValueError(f"--head-dims {sorted(head_dims)}: ssiu has head dims "
+                         f"{sorted(SSIU_HEAD_DIMS)} only; pick from those")
     shapes = [(d, HEADS, HEADS) for d in head_dims]
     if GQA[0] in head_dims:
         shapes.append(GQA)
@@ -133,7 +137,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--occupancy-of", choices=("t4",), help="cap sm7x at a T4's CTAs per SM")
     a = p.parse_args(argv)
-    result = run(_ints("--head-dims", a.head_dims, (64, 128)),
+    result = run(_ints("--head-dims", a.head_dims, sorted(SSIU_HEAD_DIMS)),
                  _ints("--seqlens", a.seqlens, (512, 2048, 8192)), a.tokens, a.iters, a.repeats,
                  a.occupancy_of)
     print_table(result)
