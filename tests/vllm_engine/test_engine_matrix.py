@@ -190,8 +190,9 @@ class _Engines:
 def _loadable(model: str, path: str) -> None:
     """Skips a model that the installed vLLM cannot load whatever the attention backend.
     vLLM 0.26's Gemma 4 sizes its full-attention layers from ``config.global_head_dim``;
-    transformers 5.16 and later fold that into ``per_layer_config``, so vLLM builds them at
-    the sliding layers' head dim and refuses the checkpoint (measured on the H100 with
+    transformers 5.16 and later (5.16.1's source) fold that into ``per_layer_config``, so
+    vLLM builds them at the sliding layers' head dim and refuses the checkpoint (measured on
+    the H100 with
     TRITON_ATTN under transformers 5.17: "Attempted to load weight (torch.Size([512])) into
     parameter (torch.Size([256]))"). Under transformers 5.14.1 it loads and runs."""
     if MODELS[model][0] != "Gemma4TextConfig":
