@@ -67,13 +67,18 @@ MODELS = {
 
 
 # Models built from one of MODELS with some weights scaled, outside the matrix: name ->
-# (base model, what is scaled, factor, what it covers). gemma2-overflow: each post-feedforward
-# norm's (1 + weight) times 1e4 pushes the residual stream past float16's 65504 (it peaks at
-# 66k-80k in layers 2-3 on a 300-token prompt, in float32 on the CPU) while every layer's
-# own output stays below it (<= 48k): the case vLLM refuses float16 for, which sm7x's
-# float32 residual (SM7X_VLLM_FP32_RESIDUAL) is for.
+# (base model, what is scaled, factor, config overrides, what it covers). gemma2-overflow:
+# each post-feedforward norm's (1 + weight) times 1e4 pushes the residual stream past
+# float16's 65504 while every layer's own output stays below it (<= 58k); on 4 x 300-token
+# prompts in float32 on the CPU it peaks at 49k, 66k, 78k, 97k, 104k after layers 0-4. Five
+# layers, not the base's three: with three the stream passed 65504 only after the last
+# layer, and vLLM adds that last output inside the final norm in float32 and never stores
+# the sum, so its own float16 run did not overflow (measured, vLLM 0.26) where transformers'
+# (which adds in float16) gives NaN. The case vLLM refuses float16 for, which sm7x's float32
+# residual (SM7X_VLLM_FP32_RESIDUAL) is for.
 SCALED = {
     "gemma2-overflow": ("gemma2-softcap", "post_feedforward_layernorm", 1.0e4,
+                        {"num_hidden_layers": 5},
                         "Gemma 2 whose residual stream passes fp16's range"),
 }
 
@@ -168,9 +173,9 @@ def _write_decoder(name: str, path: str) -> None:
     import torch
     import transformers
 
-    _, norm, factor, _ = SCALED.get(name, (name, None, None, None))
+    _, norm, factor, overrides, _ = SCALED.get(name, (name, None, None, {}, None))
     cls, kw, _, _ = MODELS[_base(name)]
-    cfg = getattr(transformers, cls)(**{**COMMON, **kw})
+    cfg = getattr(transformers, cls)(**{**COMMON, **kw, **overrides})
     cfg.torch_dtype = "float16"
     if cfg.model_type == "gemma4_text":  # vLLM 0.26 reads one global head_dim (its layers
         # take their own): transformers 5.17 refuses that unless the config allows it
