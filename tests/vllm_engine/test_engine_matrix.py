@@ -21,8 +21,8 @@ written by models.py, float16, token-id prompts (no tokenizer). Each model is ru
 - and Llama d128 once more with ngram speculative decoding (verification batches of 1 + 3
   queries per request, captured as full graphs);
 - Gemma 2 with a residual stream past 65504 (models.SCALED) in float16 with
-  SM7X_VLLM_FP32_RESIDUAL=1, against a float32 engine, vLLM's own float16 run recorded
-  beside it (test_fp32_residual_serves_gemma2_in_float16);
+  SM7X_VLLM_FP32_RESIDUAL=1, against a float32 engine, and vLLM's own float16 run, which
+  must break (test_fp32_residual_serves_gemma2_in_float16);
 - Qwen2.5-VL (models.VL_MODELS): its vision tower through sm7x's MMEncoderAttention and its
   decoder through the sm7x backend, against TORCH_SDPA and TRITON_ATTN
   (test_vision_tower_matches_sdpa);
