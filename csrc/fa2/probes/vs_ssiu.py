@@ -10,14 +10,17 @@ scale 1/sqrt(d), GQA. sm7x runs as a user calls it: ``flash_attn_func`` and auto
 numbers include what autograd adds; ssiu's include the zero-filled outputs it allocates).
 
     SM7X_FA2_FORCE=sm75 PYTHONPATH=python:SSIU_BUILD python csrc/fa2/probes/vs_ssiu.py \\
-        [--head-dims 64,128] [--seqlens 512,2048,8192] [--occupancy-of t4] [--out f.json] [--plot f.png]
+        [--head-dims 64,128] [--seqlens 512,2048,8192] [--occupancy-of t4] [--kernel-times]
+        [--out f.json] [--plot f.png]
 
 Per cell (16k tokens, 16 heads as the issue measured; GQA 32/8 at d128): ms of each and
 "x" = ssiu's time / sm7x's (above 1: sm7x faster), for fwd, fwd+bwd and bwd alone; and how
 far the two libraries' outputs and gradients are apart (max abs difference over max abs
 value), so that a faster cell is one that computes the same thing. ``--occupancy-of t4``
 caps sm7x's CTAs per SM at a T4's (sm7x.bench.fa2.occupancy_of); ssiu cannot be capped
-(its kernels take 64 KB of shared memory, one CTA per T4 SM already).
+(its kernels take 64 KB of shared memory, one CTA per T4 SM already). ``--kernel-times``
+adds, per cell, each kernel's device time in one forward + backward of either library
+(torch.profiler, mean of 3 steps), printed under the table: where each backward's time goes.
 """
 
 from __future__ import annotations
@@ -40,8 +43,22 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item() / max(b.float().abs().max().item(), 1e-6)
 
 
+def kernel_times(fn, steps: int = 3) -> dict[str, float]:
+    """Device microseconds per step of each CUDA kernel fn launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: e.device_time_total / steps for e in prof.key_averages()
+            if e.device_time_total > 0}
+
+
 def cell(ssiu, d: int, h: int, hk: int, s: int, causal: bool, tokens: int, iters: int,
-         repeats: int) -> dict:
+         repeats: int, kernels: bool = False) -> dict:
     b = max(1, tokens // s)
     g = torch.Generator(device="cuda").manual_seed(s * 7 + d)
     q, k, v = (torch.randn(b, s, n, d, device="cuda", dtype=torch.float16, generator=g)
@@ -73,6 +90,8 @@ def cell(ssiu, d: int, h: int, hk: int, s: int, causal: bool, tokens: int, iters
            **{f"{k}_ms": v * 1e3 for k, v in t.items()}, "rel_diff": diff}
     for part in ("fwd", "fwd_bwd"):
         row[f"x_{part}"] = t[f"ssiu_{part}"] / t[f"sm7x_{part}"]
+    if kernels:
+        row["kernel_us"] = {"sm7x": kernel_times(ours_fwd_bwd), "ssiu": kernel_times(theirs_fwd_bwd)}
     ours_bwd = t["sm7x_fwd_bwd"] - t["sm7x_fwd"]
     theirs_bwd = t["ssiu_fwd_bwd"] - t["ssiu_fwd"]
     row.update(sm7x_bwd_ms=ours_bwd * 1e3, ssiu_bwd_ms=theirs_bwd * 1e3,
@@ -80,7 +99,8 @@ def cell(ssiu, d: int, h: int, hk: int, s: int, causal: bool, tokens: int, iters
     return row
 
 
-def run(head_dims, seqlens, tokens: int, iters: int, repeats: int, occupancy: str | None) -> dict:
+def run(head_dims, seqlens, tokens: int, iters: int, repeats: int, occupancy: str | None,
+        kernels: bool = False) -> dict:
     import flash_attn_turing as ssiu
 
     if set(head_dims) - SSIU_HEAD_DIMS:  # ssiu launches nothing for others and returns zeros
@@ -94,7 +114,7 @@ def run(head_dims, seqlens, tokens: int, iters: int, repeats: int, occupancy: st
         for d, h, hk in shapes:
             for s in seqlens:
                 for causal in (False, True):
-                    rows.append(cell(ssiu, d, h, hk, s, causal, tokens, iters, repeats))
+                    rows.append(cell(ssiu, d, h, hk, s, causal, tokens, iters, repeats, kernels))
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "occupancy_of": occupancy, "tokens": tokens, "results": rows}
 
@@ -108,6 +128,12 @@ def print_table(result: dict) -> None:
         print(f"{r['head_dim']:>3} {r['heads']:>3}/{r['kv_heads']:<3} {r['seqlen']:>6} "
               f"{'yes' if r['causal'] else 'no ':>6} | {r['x_fwd']:6.2f} | {r['x_fwd_bwd']:9.2f} | "
               f"{bwd:>6} | {r['sm7x_bwd_ms']:11.3f} | {max(r['rel_diff'].values()):.1e}")
+    for r in result["results"]:
+        for lib, times in r.get("kernel_us", {}).items():
+            print(f"d{r['head_dim']} {r['heads']}/{r['kv_heads']} {r['seqlen']}"
+                  f"{' causal' if r['causal'] else ''} {lib} (us per fwd+bwd step):")
+            for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
+                print(f"  {us:9.1f}  {name[:100]}")
 
 
 def draw(result: dict, plt):
@@ -136,10 +162,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--occupancy-of", choices=("t4",), help="cap sm7x at a T4's CTAs per SM")
+    p.add_argument("--kernel-times", action="store_true",
+                   help="per cell, each kernel's device time in one fwd+bwd step of either library")
     a = p.parse_args(argv)
     result = run(_ints("--head-dims", a.head_dims, sorted(SSIU_HEAD_DIMS)),
                  _ints("--seqlens", a.seqlens, (512, 2048, 8192)), a.tokens, a.iters, a.repeats,
-                 a.occupancy_of)
+                 a.occupancy_of, a.kernel_times)
     print_table(result)
     _output.write(result, a.out, a.plot, draw)
     return 0
