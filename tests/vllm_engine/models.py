@@ -69,13 +69,17 @@ MODELS = {
 # Models built from one of MODELS with some weights scaled, outside the matrix: name ->
 # (base model, what is scaled, factor, config overrides, what it covers). gemma2-overflow:
 # each post-feedforward norm's (1 + weight) times 1e4 pushes the residual stream past
-# float16's 65504 while every layer's own output stays below it (<= 58k); on 4 x 300-token
-# prompts in float32 on the CPU it peaks at 49k, 66k, 78k, 97k, 104k after layers 0-4. Five
-# layers, not the base's three: with three the stream passed 65504 only after the last
-# layer, and vLLM adds that last output inside the final norm in float32 and never stores
-# the sum, so its own float16 run did not overflow (measured, vLLM 0.26) where transformers'
-# (which adds in float16) gives NaN. The case vLLM refuses float16 for, which sm7x's float32
-# residual (SM7X_VLLM_FP32_RESIDUAL) is for.
+# float16's 65504 while every layer's own output stays below it. Five layers, not the
+# base's three: a token whose stream overflows turns NaN inside the next layer's MLP
+# (vLLM stores the sum in float16 at that layer's input norm, and the norm after its
+# attention reads inf), and only a later layer's attention spreads that to the positions
+# vLLM computes logits for. With three layers the stream passed 65504 only entering the
+# last layer (transformers, float32, the matrix's first-round prompts of 5-2500 tokens:
+# at most 53k, 68k, 82k after layers 0-2), so vLLM's own float16 run stayed finite
+# (measured, vLLM 0.26) where transformers' (logits at every position) gave NaN; with
+# five: 48k, 70k, 83k, 105k, 110k, past 65504 from layer 1 on prompts of 300 tokens and
+# more. The case vLLM refuses float16 for, which sm7x's float32 residual
+# (SM7X_VLLM_FP32_RESIDUAL) is for.
 SCALED = {
     "gemma2-overflow": ("gemma2-softcap", "post_feedforward_layernorm", 1.0e4,
                         {"num_hidden_layers": 5},
