@@ -11,6 +11,7 @@ token ids (``skip_tokenizer_init``).
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 VOCAB = 1024
 COMMON = dict(vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
@@ -67,7 +68,7 @@ MODELS = {
 
 
 # Models built from one of MODELS with some weights scaled, outside the matrix: name ->
-# (base model, what is scaled, factor, config overrides, what it covers). gemma2-overflow:
+# Scaled. gemma2-overflow:
 # each post-feedforward norm's (1 + weight) times 1e4 pushes the residual stream past
 # float16's 65504 while every layer's own output stays below it. Five layers, not the
 # base's three: a token whose stream overflows turns NaN inside the next layer's MLP
@@ -80,10 +81,18 @@ MODELS = {
 # five: 48k, 70k, 83k, 105k, 110k, past 65504 from layer 1 on prompts of 300 tokens and
 # more. The case vLLM refuses float16 for, which sm7x's float32 residual
 # (SM7X_VLLM_FP32_RESIDUAL) is for.
+class Scaled(NamedTuple):
+    base: str       # the MODELS entry it is built from
+    norm: str       # the norm whose (1 + weight) is scaled
+    factor: float
+    overrides: dict  # config arguments over the base's
+    about: str      # what it covers
+
+
 SCALED = {
-    "gemma2-overflow": ("gemma2-softcap", "post_feedforward_layernorm", 1.0e4,
-                        {"num_hidden_layers": 5},
-                        "Gemma 2 whose residual stream passes fp16's range"),
+    "gemma2-overflow": Scaled("gemma2-softcap", "post_feedforward_layernorm", 1.0e4,
+                              {"num_hidden_layers": 5},
+                              "Gemma 2 whose residual stream passes fp16's range"),
 }
 
 
@@ -170,16 +179,16 @@ def write_model(name: str, path: str) -> str:
 
 def _base(name: str) -> str:
     """The MODELS entry a model is built from (itself, or a SCALED model's base)."""
-    return SCALED[name][0] if name in SCALED else name
+    return SCALED[name].base if name in SCALED else name
 
 
 def _write_decoder(name: str, path: str) -> None:
     import torch
     import transformers
 
-    _, norm, factor, overrides, _ = SCALED.get(name, (name, None, None, {}, None))
+    scaled = SCALED.get(name)
     cls, kw, _, _ = MODELS[_base(name)]
-    cfg = getattr(transformers, cls)(**{**COMMON, **kw, **overrides})
+    cfg = getattr(transformers, cls)(**{**COMMON, **kw, **(scaled.overrides if scaled else {})})
     cfg.torch_dtype = "float16"
     if cfg.model_type == "gemma4_text":  # vLLM 0.26 reads one global head_dim (its layers
         # take their own): transformers 5.17 refuses that unless the config allows it
@@ -193,9 +202,9 @@ def _write_decoder(name: str, path: str) -> None:
         if cfg.model_type == "gemma4_text":
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.mul_(layer.self_attn.head_dim ** -0.5)
-        if norm is not None:  # Gemma norms scale by (1 + weight)
+        if scaled:  # Gemma norms scale by (1 + weight)
             for layer in model.model.layers:
-                getattr(layer, norm).weight.add_(1.0).mul_(factor).sub_(1.0)
+                getattr(layer, scaled.norm).weight.add_(1.0).mul_(scaled.factor).sub_(1.0)
     model.save_pretrained(path, safe_serialization=True)
     write_tokenizer(path)
 

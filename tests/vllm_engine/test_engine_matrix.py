@@ -192,9 +192,8 @@ def _loadable(model: str, path: str) -> None:
     vLLM 0.26's Gemma 4 sizes its full-attention layers from ``config.global_head_dim``;
     transformers 5.16 and later (5.16.1's source) fold that into ``per_layer_config``, so
     vLLM builds them at the sliding layers' head dim and refuses the checkpoint (measured on
-    the H100 with
-    TRITON_ATTN under transformers 5.17: "Attempted to load weight (torch.Size([512])) into
-    parameter (torch.Size([256]))"). Under transformers 5.14.1 it loads and runs."""
+    the H100 with TRITON_ATTN under transformers 5.17: "Attempted to load weight
+    (torch.Size([512])) into parameter (torch.Size([256]))"). Under transformers 5.14.1 it loads and runs."""
     if MODELS[model][0] != "Gemma4TextConfig":
         return
     import transformers
@@ -309,7 +308,7 @@ def test_fp32_residual_serves_gemma2_in_float16(engines, arch):
     ours = engines.result(model, "sm7x", arch, {}, f"{arch}-graphs-fp32-residual",
                           env={FP32_RESIDUAL_ENV: "1"}, allow_fp16=False)
     rows, failures = _compare_runs(ours, ref, lp_tol=LP_TOL_FP32, tie_tol=LP_TOL_FP32)
-    _record(engines, model, SCALED[model][-1], f"{arch}-fp32-residual-vs-float32", arch, ours,
+    _record(engines, model, SCALED[model].about, f"{arch}-fp32-residual-vs-float32", arch, ours,
             ref, rows, plain_fp16=plain_fp16)
     assert any("residual stream kept in float32" in ln for ln in ours["log_lines"]), \
         "the sm7x plugin did not say it lifted vLLM's float16 refusal"

@@ -37,7 +37,7 @@ def test_gemma2_overflow_passes_fp16_range_inside_the_model(tmp_path):
                 logits)
 
     residual, own, logits = run(torch.float32)
-    assert len(residual) == SCALED["gemma2-overflow"][3]["num_hidden_layers"]
+    assert len(residual) == SCALED["gemma2-overflow"].overrides["num_hidden_layers"]
     assert max(residual[:-2]) > FP16_MAX, residual  # the stream entering layers 1 .. n - 2
     assert max(own) < FP16_MAX, own
     assert torch.isfinite(logits).all()
