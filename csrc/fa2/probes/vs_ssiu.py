@@ -3,7 +3,15 @@ turing (the fastest public FlashAttention-2 for Turing; not part of sm7x), both 
 in one run, forward, forward + backward and the backward alone (their difference).
 
 ssiu's module is built separately as a torch extension with compute_75 PTX (its own
-setup.py, ``-gencode arch=compute_75,code=compute_75``) and put on ``PYTHONPATH``; its API
+setup.py, ``-gencode arch=compute_75,code=compute_75``) and put on ``PYTHONPATH``. Built
+for a GPU machine without network (2026-12-07): ssiu at 6a55261 with its cutlass submodule
+(df18f5e4, include/ and tools/util/include/ only), torch's headers and libraries from the
+unzipped torch 2.11.0 cp312 wheel (cu130, the GPU machine's torch), nvcc 13.0; setup.py's
+sources and flags with the arch replaced, plus the defines torch.utils.cpp_extension adds
+(``-D__CUDA_NO_HALF_OPERATORS__`` and the like, ``-D_GLIBCXX_USE_CXX11_ABI=1``,
+``TORCH_EXTENSION_NAME=flash_attn_turing``); linked with -shared against c10, torch,
+torch_cpu, torch_cuda, torch_python and cudart: a 1 MB module holding PTX only. Its
+kernels run on the legacy default stream (its source), as do these timings. Its API
 is raw: ``fwd(q, k, v, is_causal) -> [o, lse]``, ``bwd(q, k, v, o, lse, dout, is_causal)
 -> [dq, dk, dv]``, contiguous fp16 ``[batch, seqlen, heads, dim]``, head dims 64 and 128,
 scale 1/sqrt(d), GQA. sm7x runs as a user calls it: ``flash_attn_func`` and autograd (so its
