@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from . import __version__, _core_loader, _install_hints, _libfile
+from ._planner import sched_module
 from ._select import (
     FORCE_ENV,
     LIBRARY_PATH_ENV,
@@ -125,6 +126,15 @@ def _core_report(warnings: list[str]) -> dict:
     return {"path": str(path) if path else None, "problem": bad}
 
 
+def _sched_report(warnings: list[str]) -> dict:
+    """Whether sm7x._sched (the serving calls' split-KV planner, package sm7x-ext) imports."""
+    try:
+        return {"path": sched_module().__file__, "problem": None}
+    except ImportError as e:
+        warnings.append(str(e))
+        return {"path": None, "problem": str(e.__cause__ or e)}
+
+
 def _gpu_report(device: Device, warnings: list[str]) -> dict:
     entry = {"index": device.index, "name": device.name,
              "capability": "%d.%d" % device.capability}
@@ -188,6 +198,7 @@ def collect(devices: Iterable[Device] | None = None, *, prefix: str | Path | Non
         "packages": packages,
         "libraries": _native_libraries(package_dir),
         "core": _core_report(warnings),
+        "sched": _sched_report(warnings),
         "gpu_source": source,
         "gpu_error": smi_error,
         "gpus": [_gpu_report(d, warnings) for d in devices],
@@ -350,6 +361,9 @@ def render(info: dict) -> str:
     lines.append("core      " + (f"{core['path']}" + (f": BROKEN: {core['problem']}"
                                                       if core["problem"] else "")
                                  if core["path"] else "_core.abi3.so not found"))
+    sched = info["sched"]
+    lines.append("planner   " + (sched["path"] if sched["path"]
+                                 else f"sm7x._sched NOT importable: {sched['problem']}"))
     lines += [f"env       {k}={v}" for k, v in info["environment"].items() if v is not None]
     if not info["gpus"]:
         why = f": {info['gpu_error']}" if info["gpu_error"] else " (no CUDA torch, no nvidia-smi)"

@@ -314,3 +314,41 @@ def test_doctor_names_the_transformers_integration(monkeypatch, version, usable)
         return
     assert tf["usable"] is usable
     assert ("attn_implementation='sm7x'" in tf["how"]) is usable
+
+
+def _without_planner(monkeypatch):
+    """As if sm7x._sched were not built for this Python (sys.modules None stops its import;
+    the attribute an earlier import left on the package would bypass sys.modules)."""
+    import sm7x
+
+    monkeypatch.delattr(sm7x, "_sched", raising=False)
+    monkeypatch.setitem(sys.modules, "sm7x._sched", None)
+
+
+def test_missing_planner_warns_with_hint(tmp_path, monkeypatch):
+    """Another Python's sm7x-ext, or a source tree on PYTHONPATH never built: the serving
+    calls' planner is missing; doctor says which package brings it."""
+    _without_planner(monkeypatch)
+    info = doctor.collect([], prefix=tmp_path, package_dir=tmp_path)
+    assert info["sched"]["path"] is None
+    (warning,) = [w for w in info["warnings"] if "sm7x._sched" in w]
+    assert "not importable for this Python" in warning and "sm7x-ext" in warning
+    assert "planner   sm7x._sched NOT importable" in doctor.render(info)
+
+
+def test_planner_present_is_reported(tmp_path):
+    pytest.importorskip("sm7x._sched", reason="native module not built")
+    info = doctor.collect([], prefix=tmp_path, package_dir=tmp_path)
+    assert info["sched"]["problem"] is None and info["sched"]["path"].endswith(".so")
+    assert not [w for w in info["warnings"] if "sm7x._sched" in w]
+
+
+def test_serving_plan_without_planner_says_what_is_missing(monkeypatch):
+    """A serving call's split plan (made on the host) names the missing module and package
+    instead of the bare "cannot import name '_sched'"."""
+    pytest.importorskip("torch")
+    from sm7x.fa2 import _serving
+
+    _without_planner(monkeypatch)
+    with pytest.raises(ImportError, match=r"plan with sm7x._sched.*sm7x-ext"):
+        _serving._split_plan.__wrapped__(2, 1, 1000, 8, 2, 64, 64, 132, 256)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _args
+from .._planner import sched_module
 from . import (_check_cuda, _check_half, _check_heads, _check_max_seqlens,
                _check_option_values, _check_options, _check_out_alias, _check_tensor,
                _kernel_layout, _ops_for, _rows_aligned)
@@ -108,8 +109,7 @@ def _split_plan(batch, sq, sk, heads, kv_heads, block_m, block_n, slots, max_spl
     _MIN_TILES_PER_SPLIT tiles."""
     from array import array
 
-    from .. import _sched
-
+    _sched = sched_module()  # a clear ImportError where it is missing
     m_blocks = max(1, math.ceil(sq * (heads // kv_heads) / block_m))
     ctas = max(1, batch * kv_heads * m_blocks)
     fill = max(1, math.ceil(slots / ctas))
