@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A vLLM 0.26 install for a GPU machine that has no network but already has torch 2.11 and
-# most of vLLM's Python dependencies: what the real-engine tests (this folder) were run on.
+# most of vLLM's Python dependencies, as the real-engine tests (this folder) were run.
 # Built here from PyPI, carried there, unpacked onto PYTHONPATH:
 #
 #     tests/vllm_engine/offline_vllm.sh OUT [HAVE]
