@@ -127,6 +127,17 @@ def run(head_dims, seqlens, tokens: int, iters: int, repeats: int, occupancy: st
             "occupancy_of": occupancy, "tokens": tokens, "results": rows}
 
 
+def short_name(name: str, width: int = 110) -> str:
+    """A kernel's name for the table: namespaces dropped, and when still too long its start
+    and end (the end tells apart kernels that differ in their last template argument, such
+    as the two passes of a split backward)."""
+    for ns in ("sm7x::fa2::sm75::", "sm7x::fa2::sm70::", "sm7x::fa2::", "cutlass::", "at::native::"):
+        name = name.replace(ns, "")
+    if len(name) <= width:
+        return name
+    return name[:width - 45] + " ... " + name[-40:]
+
+
 def print_table(result: dict) -> None:
     print(f"sm7x vs ssiu/flash-attention-turing on {result['device']} (x = ssiu ms / sm7x ms; "
           f"sm7x occupancy capped at: {result['occupancy_of'] or 'none'})")
@@ -141,7 +152,7 @@ def print_table(result: dict) -> None:
             print(f"d{r['head_dim']} {r['heads']}/{r['kv_heads']} {r['seqlen']}"
                   f"{' causal' if r['causal'] else ''} {lib} (us per fwd+bwd step):")
             for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
-                print(f"  {us:9.1f}  {name[:100]}")
+                print(f"  {us:9.1f}  {short_name(name)}")
 
 
 def draw(result: dict, plt):
