@@ -27,10 +27,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: offline_vllm.sh OUT [HAVE]}
 have=${2:-/dev/null}
+[[ -r $have ]] || { echo "offline_vllm.sh: HAVE file '$have' cannot be read (one installed distribution name per line, or leave it out)" >&2; exit 2; }
 req=tests/vllm_plugin/requirements-0.26.txt
 version=$(sed -n 's/^vllm==//p' "$req")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# this script's own outputs are made afresh: wheels left from another pin list would give
+# pip two versions of one module there
+rm -rf "$out/whl" "$out/sm7x-0.0.0.dist-info"
 mkdir -p "$out/whl"
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp)
 for n in 1 17 24 27 28 31 34 35; do

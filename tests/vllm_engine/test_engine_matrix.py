@@ -193,7 +193,8 @@ def _loadable(model: str, path: str) -> None:
     transformers 5.16 and later (5.16.1's source) fold that into ``per_layer_config``, so
     vLLM builds them at the sliding layers' head dim and refuses the checkpoint (measured on
     the H100 with TRITON_ATTN under transformers 5.17: "Attempted to load weight
-    (torch.Size([512])) into parameter (torch.Size([256]))"). Under transformers 5.14.1 it loads and runs."""
+    (torch.Size([512])) into parameter (torch.Size([256]))"). Under transformers 5.14.1 it
+    loads and runs."""
     if MODELS[model][0] != "Gemma4TextConfig":
         return
     import transformers
