@@ -210,4 +210,6 @@ def _write_decoder(name: str, path: str) -> None:
 
 
 def fp16_forced(name: str) -> tuple[str, ...]:
-    return MODELS[_base(name)][2]
+    """The architectures whose float16 refusal the harness lifts for this model (none for the
+    vision-language models: vLLM takes Qwen2.5-VL in float16)."""
+    return () if name in VL_MODELS else MODELS[_base(name)][2]

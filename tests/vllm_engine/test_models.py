@@ -43,3 +43,14 @@ def test_gemma2_overflow_passes_fp16_range_inside_the_model(tmp_path):
     assert torch.isfinite(logits).all()
     _, _, logits16 = run(torch.float16)
     assert not torch.isfinite(logits16).all()
+
+
+def test_every_engine_model_says_whether_its_float16_refusal_is_lifted():
+    """The engine harness asks models.fp16_forced for every model it runs (decoders, the
+    scaled ones and the vision-language ones alike): each has an answer, not a KeyError."""
+    from models import MODELS, VL_MODELS, fp16_forced
+
+    for name in [*MODELS, *SCALED, *VL_MODELS]:
+        assert isinstance(fp16_forced(name), tuple), name
+    assert fp16_forced("qwen25vl-d80") == ()
+    assert fp16_forced("gemma2-overflow") == fp16_forced(SCALED["gemma2-overflow"].base)
