@@ -52,9 +52,13 @@ struct BwdShape {
   static constexpr bool kPrefetch = PREFETCH;
   static constexpr int kMinBlocks = MIN_BLOCKS;
   static constexpr bool kVInRegs = V_IN_REGS;
-  // Rows of the main kernel's V and dS^T tiles in shared memory in mode `mode`: what both the
-  // archs' smem_bytes(mode) and their kernels' layouts are made of. The dV pass of a split
-  // backward needs neither; with V_IN_REGS no mode has a V tile.
+  // Rows of the main kernel's K, V and dS^T tiles in shared memory in mode `mode`: what both
+  // the archs' smem_bytes(mode) and their kernels' layouts are made of. The dV pass of a
+  // split backward needs no V or dS^T; with V_IN_REGS no mode has a V tile, and that dV pass
+  // holds K the same way (its one use of K, S^T = K Q^T), so it has no K tile either.
+  __host__ __device__ static constexpr int k_rows(int mode) {
+    return mode == detail::kBwdDv && V_IN_REGS ? 0 : BN;
+  }
   __host__ __device__ static constexpr int v_rows(int mode) {
     return mode == detail::kBwdDv || V_IN_REGS ? 0 : BN;
   }

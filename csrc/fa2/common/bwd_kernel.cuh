@@ -44,8 +44,9 @@ __device__ __forceinline__ void bwd_main_body(const BwdParams& p, unsigned char*
   constexpr int SD = C::kDsStride, T = C::kThreads;
   constexpr bool kDk = MODE != kBwdDv;
   // the layout of BwdConfig::smem_bytes(MODE): K, V, Q, dO, dS^T, the arch's scratch, LSE, dsum
+  // (k_rows, v_rows, ds_rows: 0 where the mode has no such tile)
   __half* const sK = reinterpret_cast<__half*>(smem_raw);
-  __half* const sV = sK + BN * ST;
+  __half* const sV = sK + C::k_rows(MODE) * ST;
   __half* const sQ = sV + C::v_rows(MODE) * ST;
   __half* const sdO = sQ + BM * ST;
   __half* const sdS = sdO + BM * ST;
@@ -66,9 +67,10 @@ __device__ __forceinline__ void bwd_main_body(const BwdParams& p, unsigned char*
   const SoftmaxScale sc = softmax_scale(p);
   const bool dq_atomic = kDk && !p.deterministic;
 
-  copy_tile<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
-                                  k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
-                          p.k_row_stride, n0, sk, head_dim, tid);
+  if constexpr (C::k_rows(MODE) > 0)  // (the dV pass with K in registers has no K tile)
+    copy_tile<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
+                                    k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+                            p.k_row_stride, n0, sk, head_dim, tid);
   if constexpr (C::v_rows(MODE) > 0)
     copy_tile<BN, T, D, ST, C::kCopyBatch>(sV, static_cast<const __half*>(p.v) +
                                     k_like(rows, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride),

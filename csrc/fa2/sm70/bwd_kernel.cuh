@@ -51,7 +51,7 @@ struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS
   // backward (mode kBwdDv) has no V and no dS^T (S::v_rows, S::ds_rows; d = 256: 2 CTAs per
   // V100 SM instead of 1).
   static constexpr int smem_bytes(int mode) {
-    return (BN + S::v_rows(mode) + 2 * BM) * S::kStride * 2 + S::ds_rows(mode) * S::kDsStride * 2 +
+    return (S::k_rows(mode) + S::v_rows(mode) + 2 * BM) * S::kStride * 2 + S::ds_rows(mode) * S::kDsStride * 2 +
            S::kWarps * (kWarpScratchFloats * 4 + 16 * S::kDsStride * 2) + 2 * BM * 4;
   }
   static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);

@@ -41,10 +41,10 @@ template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH
 struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, KS> {
   using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, KS>;
   // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; LSE, dsum [BM] fp32. The dV
-  // pass of a split backward (mode kBwdDv) has no V, dS^T or dsum (S::v_rows, S::ds_rows):
-  // less shared memory, so that more of its CTAs fit on a Turing SM (d = 256: 2 instead of 1).
+  // pass of a split backward (mode kBwdDv) has no V, dS^T or dsum, and with V_IN_REGS no K
+  // (S::k_rows, S::v_rows, S::ds_rows): less shared memory and no K tile to copy.
   __host__ __device__ static constexpr int tile_bytes(int mode) {
-    return (BN + S::v_rows(mode) + 2 * BM) * S::kStride * 2 + S::ds_rows(mode) * S::kDsStride * 2 +
+    return (S::k_rows(mode) + S::v_rows(mode) + 2 * BM) * S::kStride * 2 + S::ds_rows(mode) * S::kDsStride * 2 +
            (mode == detail::kBwdDv ? 1 : 2) * BM * 4;
   }
   // dim split: then, from exchange_offset (16-byte aligned), one exchange slot per warp: its
