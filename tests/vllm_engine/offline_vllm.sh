@@ -13,9 +13,10 @@
 # OUT/_C_stable_libtorch.abi3.so.xz   the extension vllm/platforms/cuda.py always imports
 #                      (79 MB, 56 MB as xz: apart, so each part can travel on its own)
 # OUT/whl/             cp312 wheels of the modules of tests/vllm_plugin/requirements-0.26.txt
-#                      that the target lacks: HAVE is a file of the target's installed
-#                      distribution names (`pip list --format freeze | cut -d= -f1`), one per
-#                      line; without it, every pinned module but vllm
+#                      and of ENGINE_EXTRA_PINS (below) that the target lacks: HAVE is a
+#                      file of the target's installed distribution names (`pip list
+#                      --format freeze | cut -d= -f1`), one per line; without it, every
+#                      pinned module but vllm
 # OUT/sm7x-0.0.0.dist-info   sm7x's two vLLM entry points (vLLM reads them from installed
 #                      metadata; sm7x itself comes from python/ on PYTHONPATH)
 #
@@ -29,6 +30,7 @@ out=${1:?usage: offline_vllm.sh OUT [HAVE]}
 have=${2:-/dev/null}
 [[ -r $have ]] || { echo "offline_vllm.sh: HAVE file '$have' cannot be read (one installed distribution name per line, or leave it out)" >&2; exit 2; }
 req=tests/vllm_plugin/requirements-0.26.txt
+ENGINE_EXTRA_PINS=(blake3==1.0.11)
 version=$(sed -n 's/^vllm==//p' "$req")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -59,6 +61,9 @@ mv "$out/vllm-py.tar.xz.part" "$out/vllm-py.tar.xz"
 # the pinned modules the target lacks (names compared normalized: - _ . alike, any case)
 norm() { tr 'A-Z_.' 'a-z--'; }
 grep -E '^[A-Za-z0-9_.-]+==' "$req" | grep -v '^vllm==' > "$work/pins"
+# and what the engine tests load beyond the plugin tests' imports: blake3 (vLLM hashes
+# multimodal inputs with it; the vision-tower engine failed to start without it)
+printf '%s\n' "${ENGINE_EXTRA_PINS[@]}" >> "$work/pins"
 norm < "$have" | sort -u > "$work/have"
 while IFS= read -r pin; do
   name=$(echo "${pin%%==*}" | norm)
