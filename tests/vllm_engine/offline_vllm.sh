@@ -30,6 +30,8 @@ out=${1:?usage: offline_vllm.sh OUT [HAVE]}
 have=${2:-/dev/null}
 [[ -r $have ]] || { echo "offline_vllm.sh: HAVE file '$have' cannot be read (one installed distribution name per line, or leave it out)" >&2; exit 2; }
 req=tests/vllm_plugin/requirements-0.26.txt
+# what the engine tests load beyond the plugin tests' imports: blake3 (vLLM hashes
+# multimodal inputs with it; the vision-tower engine failed to start without it)
 ENGINE_EXTRA_PINS=(blake3==1.0.11)
 version=$(sed -n 's/^vllm==//p' "$req")
 work=$(mktemp -d)
@@ -61,8 +63,7 @@ mv "$out/vllm-py.tar.xz.part" "$out/vllm-py.tar.xz"
 # the pinned modules the target lacks (names compared normalized: - _ . alike, any case)
 norm() { tr 'A-Z_.' 'a-z--'; }
 grep -E '^[A-Za-z0-9_.-]+==' "$req" | grep -v '^vllm==' > "$work/pins"
-# and what the engine tests load beyond the plugin tests' imports: blake3 (vLLM hashes
-# multimodal inputs with it; the vision-tower engine failed to start without it)
+# and the engine tests' own (ENGINE_EXTRA_PINS)
 printf '%s\n' "${ENGINE_EXTRA_PINS[@]}" >> "$work/pins"
 norm < "$have" | sort -u > "$work/have"
 while IFS= read -r pin; do
