@@ -802,6 +802,23 @@ def test_block_table_entry_out_of_range_raises(api, bad):
 
 
 @pytest.mark.parametrize("api", ["varlen", "kvcache"])
+def test_bad_entry_anywhere_in_a_long_block_table_raises(api):
+    """A 70,000-key sequence uses 4,375 pages: the check reads them in slices of the table,
+    several entries per thread (csrc/fa2/serving.cu validate_kernel); a bad entry in the
+    first, a middle or the last used page of any slice is found and named."""
+    lens, page = [3000, 70000], 16
+    k_cache, v_cache, bt = paged_cache(lens, page, 1, 64, seed=191)
+    q = randn(len(lens), 1, 4, 64, g=gen(192))
+    used = -(-lens[1] // page)
+    for j in (0, 255, 256, 1023, 1024, 2047, 3000, used - 1):
+        broken = bt.clone()
+        broken[1, j] = k_cache.shape[0]
+        with pytest.raises(VALUE_ERRORS, match=rf"block_table\[1, {j}\] = {k_cache.shape[0]}"):
+            _paged_decode(api, q, k_cache, v_cache, broken, lens)
+    _still_correct(api, q, k_cache, v_cache, bt, lens)
+
+
+@pytest.mark.parametrize("api", ["varlen", "kvcache"])
 def test_input_checks_off_clamp_instead_of_raising(api):
     """With sm7x.fa2.set_input_checks(False) (engines that build block tables themselves)
     a bad entry is not refused: the kernels clamp it, so the call finishes with finite
