@@ -283,6 +283,43 @@ __device__ __forceinline__ void load_code_tile(KvStage<LOADS, KV>& st, const uns
                                                bool paged, int64_t page_stride,
                                                int64_t row_stride, int n0, int n, int tid) {
   using T = CodeTile<C>;
+  // The common case in one address per tile, stepped (as load_tile): the threads cover
+  // whole rows, so a thread's loads lie kRowStep rows apart in one column; the tile lies in
+  // one page (pages of at least kBlockN keys); every chunk is one 16-byte load. The general
+  // loop below costs ~35 instructions per load (a 64-bit page and row product, and the
+  // alignment and head-dim branches), which 8-bit decode, bound by the instructions of each
+  // key tile, paid 8 times a tile (csrc/fa2/MEASUREMENTS.md, "Stepped 8-bit tile loads").
+  if constexpr (T::kThreads % T::kChunks == 0) {
+    if (p.kv_align == 16 && p.head_dim % 16 == 0 &&
+        (!paged || (1 << p.page_shift) >= C::kBlockN)) {
+      constexpr int kRowStep = T::kThreads / T::kChunks;
+      int row, c;
+      tile_coord<T>(0, tid, row, c);
+      const int j = n0 + row, rows_left = n - j;
+      const bool col_ok = c * 16 < p.head_dim;
+      const int slot = paged ? j & ((1 << p.page_shift) - 1) : j;
+      const unsigned char* a =
+          g + (paged ? (int64_t)pg[0] * page_stride : 0) + (int64_t)slot * row_stride + c * 16;
+      const int64_t step = (int64_t)kRowStep * row_stride;
+      [[maybe_unused]] const float* sp = nullptr;
+      [[maybe_unused]] int64_t sstep = 0;
+      if constexpr (KV == kReadRowScaled) {
+        sp = rs + (paged ? (int64_t)pg[0] * rs_stride[0] : 0) + (int64_t)slot * rs_stride[1];
+        sstep = (int64_t)kRowStep * rs_stride[1];
+      }
+#pragma unroll
+      for (int i = 0; i < T::kLoads; ++i) {
+        const bool live = in_tile<T, C::kBlockN>(i, tid) && i * kRowStep < rows_left;
+        st.r[i] = live && col_ok ? __ldg(reinterpret_cast<const uint4*>(a)) : make_uint4(0, 0, 0, 0);
+        if constexpr (KV == kReadRowScaled) {
+          st.scale[i] = live ? __ldg(sp) : 0.f;
+          sp += sstep;
+        }
+        a += step;
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < T::kLoads; ++i) {
     int row, c;
