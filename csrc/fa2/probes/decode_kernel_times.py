@@ -2,7 +2,8 @@
 per cache format, from torch.profiler: where an 8-bit step's time goes beside fp16's.
 
 ``SM7X_FA2_FORCE=sm75 PYTHONPATH=python python csrc/fa2/probes/decode_kernel_times.py
-[--rows 1x128k,16x32k] [--formats fp16,fp8_e4m3,fp8_e5m2,int8_per_token_head] [--splits 0]``
+[--rows 1x128k,16x32k] [--formats fp16,fp8_e4m3,fp8_e5m2,int8_per_token_head] [--splits 0]
+[--out times.json]``
 
 32 / 8 heads, d128, pages of 16 in a random order, as ``python -m sm7x.bench decode``;
 ``--splits`` is plan_decode's num_splits (0: the planner's)."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 
 import torch
 
@@ -39,7 +41,9 @@ def main() -> None:
     p.add_argument("--formats", default="fp16,fp8_e4m3,fp8_e5m2,int8_per_token_head")
     p.add_argument("--splits", type=int, default=0)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out", help="also write the rows to this JSON file")
     a = p.parse_args()
+    rows = []
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     for batch, kv_len in map(_row, a.rows.split(",")):
@@ -78,7 +82,14 @@ def main() -> None:
                               for n, t in sorted(per.items(), key=lambda x: -x[1]))
             print(f"{batch}x{kv_len // 1024}k {fmt:<20} splits {plan.total_splits:>5} "
                   f"waves {plan.waves}: {total:7.1f} us = {parts}", flush=True)
+            rows.append({"batch": batch, "kv_len": kv_len, "format": fmt,
+                         "splits": plan.total_splits, "waves": plan.waves, "total_us": total,
+                         "kernels_us": {_short(n): t for n, t in per.items()}})
             del k, v
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+        print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":
