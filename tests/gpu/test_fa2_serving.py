@@ -809,7 +809,7 @@ def test_bad_entry_anywhere_in_a_long_block_table_raises(api):
     lens, page = [3000, 70000], 16
     k_cache, v_cache, bt = paged_cache(lens, page, 1, 64, seed=191)
     q = randn(len(lens), 1, 4, 64, g=gen(192))
-    used = -(-lens[1] // page)
+    used = ceil_div(lens[1], page)
     for j in (0, 255, 256, 1023, 1024, 2047, 3000, used - 1):
         broken = bt.clone()
         broken[1, j] = k_cache.shape[0]

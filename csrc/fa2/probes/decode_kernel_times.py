@@ -18,9 +18,11 @@ import torch
 
 
 def _row(text: str) -> tuple[int, int]:
+    """'16x32k' -> (16, 32768): batch x keys, the keys as --lens reads them."""
+    from sm7x.bench.decode.cli import parse_sizes
+
     b, _, n = text.partition("x")
-    n = n.lower()
-    return int(b), int(n[:-1]) * 1024 if n.endswith("k") else int(n)
+    return int(b), parse_sizes(n)[0]
 
 
 def _short(name: str) -> str:
