@@ -95,12 +95,27 @@ int bwd_from(const BwdParams& p, cudaStream_t stream) {
   if constexpr (I == kNumHeadDims || kCompiledHeadDims[I] > kMaxBwdHeadDim) {
     return static_cast<int>(cudaErrorInvalidValue);
   } else {
-    if (p.head_dim <= kCompiledHeadDims[I]) {
-      if (const int e = run_bwd_main<kCompiledHeadDims[I]>(p, stream)) return e;
-      return p.deterministic ? run_bwd_dq<kCompiledHeadDims[I]>(p, stream)
-                             : run_bwd_convert_dq(p, stream);
+    constexpr int D = kCompiledHeadDims[I];
+    if (p.head_dim <= D) {
+      // A dq_pass head dim takes dQ from the dQ kernel as a deterministic call does: the
+      // preprocess then leaves dq_accum alone and nothing converts it.
+      BwdParams q = p;
+      q.deterministic = p.deterministic || bwd_dq_pass(D);
+      if (const int e = run_bwd_preprocess(q, stream)) return e;
+      if (const int e = run_bwd_main<D>(q, stream)) return e;
+      return q.deterministic ? run_bwd_dq<D>(q, stream) : run_bwd_convert_dq(q, stream);
     }
     return bwd_from<I + 1>(p, stream);
+  }
+}
+
+template <std::size_t I = 0>
+bool dq_pass_from(int head_dim) {
+  if constexpr (I == kNumHeadDims) {
+    return false;
+  } else {
+    if (head_dim <= kCompiledHeadDims[I]) return bwd_dq_pass(kCompiledHeadDims[I]);
+    return dq_pass_from<I + 1>(head_dim);
   }
 }
 
@@ -111,7 +126,6 @@ int bwd_all(const BwdParams& p, cudaStream_t stream) {
   if constexpr (!HAS) {
     return static_cast<int>(cudaErrorNotSupported);
   } else {
-    if (const int e = run_bwd_preprocess(p, stream)) return e;
     return bwd_from(p, stream);
   }
 }
@@ -121,6 +135,10 @@ int bwd_all(const BwdParams& p, cudaStream_t stream) {
 bool bwd_supported(int head_dim) {
   return kHasBwd && head_dim > 0 && head_dim % kHeadDimMultiple == 0 &&
          head_dim <= kMaxBwdHeadDim;
+}
+
+bool bwd_uses_dq_accum(int head_dim) {
+  return bwd_supported(head_dim) && !dq_pass_from(head_dim);
 }
 
 int bwd(const BwdParams& p, cudaStream_t stream) {

@@ -214,9 +214,13 @@ template <int kHeadDim>
 int run_bwd_dq(const BwdParams& p, cudaStream_t stream);
 // Whether this library has a backward for head_dim (kHasBwd: fa2.bwd_kernels.<arch>).
 bool bwd_supported(int head_dim);
+// Whether the backward of head_dim without determinism sums dQ in the fp32 dq_accum
+// (atomics), i.e. its kernel's entry has no dq_pass; false where there is no backward.
+bool bwd_uses_dq_accum(int head_dim);
 // The whole backward (dispatch.cu, bwd.cu): dsum = rowsum(dO * O), run_bwd of the
 // smallest compiled head dim >= p.head_dim, then dq = dq_accum * scale as fp16 (unless
-// deterministic). cudaErrorInvalidValue when the head dim has no backward kernel.
+// deterministic or dq_pass: then the dQ kernel writes dq). cudaErrorInvalidValue when the
+// head dim has no backward kernel.
 int bwd(const BwdParams& p, cudaStream_t stream);
 int run_bwd_preprocess(const BwdParams& p, cudaStream_t stream);
 int run_bwd_convert_dq(const BwdParams& p, cudaStream_t stream);

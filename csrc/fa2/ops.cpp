@@ -358,10 +358,12 @@ void check_same_shape(const char* op, const char* name, const Tensor& t, const c
 }
 
 // dout, dq like q; dk like k; dv like v (fp16, same layout rules); dq_accum fp32
-// contiguous like q; dsum fp32 like lse.
+// contiguous like q, or empty where this call does not sum dQ in it (deterministic, or a
+// head dim whose dQ comes from the dQ kernel: bwd_uses_dq_accum); dsum fp32 like lse.
 void check_grads(const char* op, const Tensor& dout, const Tensor& q, const Tensor& k,
                  const Tensor& v, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                 const Tensor& dv, const Tensor& dq_accum, const Tensor& dsum) {
+                 const Tensor& dv, const Tensor& dq_accum, const Tensor& dsum,
+                 bool deterministic) {
   for (auto [n, t, rn, r] : {std::tuple<const char*, const Tensor*, const char*, const Tensor*>{
                                  "dout", &dout, "q", &q},
                              {"dq", &dq, "q", &q}, {"dk", &dk, "k", &k}, {"dv", &dv, "v", &v}}) {
@@ -370,14 +372,21 @@ void check_grads(const char* op, const Tensor& dout, const Tensor& q, const Tens
     check_same_shape(op, n, *t, rn, *r);
     check_layout(op, n, *t);
   }
-  check_cuda(op, "dq_accum", dq_accum, q);
-  FA2_CHECK(dq_accum.scalar_type() == ScalarType::Float, op, "dq_accum has dtype ",
-            scalar_name(dq_accum.scalar_type()), "; it must be float32");
-  check_same_shape(op, "dq_accum", dq_accum, "q", q);
-  FA2_CHECK(dq_accum.is_contiguous(), op, "dq_accum (strides ", strides_str(dq_accum),
-            ") must be contiguous");
-  FA2_CHECK(reinterpret_cast<uintptr_t>(dq_accum.const_data_ptr()) % 16 == 0, op,
-            "dq_accum must be 16-byte aligned (allocate it with torch.empty)");
+  const int64_t hd = q.size(q.dim() - 1);
+  const bool uses_accum = !deterministic && bwd_uses_dq_accum(static_cast<int>(hd));
+  FA2_CHECK(!uses_accum || dq_accum.numel() != 0, op, "dq_accum is empty, but head dim ", hd,
+            " sums dQ in it when deterministic=False: pass a float32 tensor shaped like q "
+            "(bwd_uses_dq_accum(", hd, ") says which head dims need one)");
+  if (uses_accum) {
+    check_cuda(op, "dq_accum", dq_accum, q);
+    FA2_CHECK(dq_accum.scalar_type() == ScalarType::Float, op, "dq_accum has dtype ",
+              scalar_name(dq_accum.scalar_type()), "; it must be float32");
+    check_same_shape(op, "dq_accum", dq_accum, "q", q);
+    FA2_CHECK(dq_accum.is_contiguous(), op, "dq_accum (strides ", strides_str(dq_accum),
+              ") must be contiguous");
+    FA2_CHECK(reinterpret_cast<uintptr_t>(dq_accum.const_data_ptr()) % 16 == 0, op,
+              "dq_accum must be 16-byte aligned (allocate it with torch.empty)");
+  }
   check_cuda(op, "dsum", dsum, q);
   FA2_CHECK(dsum.scalar_type() == ScalarType::Float, op, "dsum has dtype ",
             scalar_name(dsum.scalar_type()), "; it must be float32");
@@ -414,7 +423,9 @@ BwdParams bwd_params(const char* op, const Tensor& dout, const Tensor& q, const 
   strides(dq, lead, p.dq_batch_stride, p.dq_row_stride, &p.dq_head_stride);
   strides(dk, lead, p.dk_batch_stride, p.dk_row_stride, &p.dk_head_stride);
   strides(dv, lead, p.dv_batch_stride, p.dv_row_stride, &p.dv_head_stride);
-  strides(dq_accum, lead, p.acc_batch_stride, p.acc_row_stride, nullptr);  // heads: head_dim
+  // (an unused dq_accum may be empty: check_grads)
+  if (dq_accum.dim() == q.dim())
+    strides(dq_accum, lead, p.acc_batch_stride, p.acc_row_stride, nullptr);  // heads: head_dim
   return p;
 }
 
@@ -434,7 +445,7 @@ void bwd_op(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, T
   FA2_CHECK(k.size(0) == q.size(0), op, "q has batch ", q.size(0), " but k has ", k.size(0));
   const int64_t B = q.size(0), sq = q.size(1), sk = k.size(1);
   check_lse(op, lse, q, B, c.heads, sq, 3, "[batch, num_heads, seqlen_q]");
-  check_grads(op, dout, q, k, v, lse, dq, dk, dv, dq_accum, dsum);
+  check_grads(op, dout, q, k, v, lse, dq, dk, dv, dq_accum, dsum, deterministic);
   check_options(op, softmax_scale, window_left, window_right, softcap);
   check_bwd_head_dim(op, c.head_dim);
   check_int32(op, "batch", B);
@@ -465,7 +476,7 @@ void bwd_varlen_op(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor
   const Common c = check_qkv(op, q, k, v, out, 1, "[total_tokens, num_heads, head_dim]");
   const int64_t total_q = q.size(0);
   check_lse(op, lse, q, 0, c.heads, total_q, 2, "[num_heads, total_q]");
-  check_grads(op, dout, q, k, v, lse, dq, dk, dv, dq_accum, dsum);
+  check_grads(op, dout, q, k, v, lse, dq, dk, dv, dq_accum, dsum, deterministic);
   check_varlen(op, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   check_options(op, softmax_scale, window_left, window_right, softcap);
   check_bwd_head_dim(op, c.head_dim);
@@ -484,6 +495,10 @@ void bwd_varlen_op(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor
 bool bwd_supported_op(int64_t head_dim) {
   return head_dim > 0 && head_dim <= kMaxHeadDim &&
          sm7x::fa2::bwd_supported(static_cast<int>(head_dim));
+}
+
+bool bwd_uses_dq_accum_op(int64_t head_dim) {
+  return bwd_supported_op(head_dim) && sm7x::fa2::bwd_uses_dq_accum(static_cast<int>(head_dim));
 }
 
 // ---- Serving: q against a paged or contiguous KV cache, packed GQA rows, split-KV.
@@ -900,6 +915,7 @@ SM7X_FA2_LIBRARY(SM7X_FA2_NAMESPACE, m) {
       "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
       "bool deterministic) -> ()");
   m.def("bwd_supported(int head_dim) -> bool");
+  m.def("bwd_uses_dq_accum(int head_dim) -> bool");
   m.def("serving_tile(int device, int head_dim, int rows, int kv_format) -> (int, int, int)");
   m.def("mma_peak(Tensor(a!) out, int iters) -> int");
   m.def("set_occupancy_emulation(int smem_per_sm, int threads_per_sm) -> ()");
@@ -922,6 +938,7 @@ SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CPU, m) { SM7X_FA2_IMPLS(m); }
 SM7X_FA2_LIBRARY_IMPL(SM7X_FA2_NAMESPACE, CompositeExplicitAutograd, m) {
   m.impl("serving_tile", TORCH_BOX(&sm7x::fa2::serving_tile_op));
   m.impl("bwd_supported", TORCH_BOX(&sm7x::fa2::bwd_supported_op));
+  m.impl("bwd_uses_dq_accum", TORCH_BOX(&sm7x::fa2::bwd_uses_dq_accum_op));
   m.impl("set_occupancy_emulation", TORCH_BOX(&sm7x::fa2::set_occupancy_emulation_op));
   m.impl("set_input_checks", TORCH_BOX(&sm7x::fa2::set_input_checks_op));
 }

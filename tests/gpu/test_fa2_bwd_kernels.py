@@ -96,13 +96,13 @@ def dirty_accum(q):
     return torch.full(q.shape, float("nan"), device="cuda", dtype=torch.float32)
 
 
-def _run(q, k, v, dout, scale, causal, window, softcap, deterministic):
+def _run(q, k, v, dout, scale, causal, window, softcap, deterministic, dq_accum=None):
     b, sq, h, _ = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(b, h, sq, device="cuda", dtype=torch.float32)
     OPS.fwd(q, k, v, out, lse, scale, causal, window[0], window[1], softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dq_accum = dirty_accum(q)
+    dq_accum = dirty_accum(q) if dq_accum is None else dq_accum
     dsum = torch.empty_like(lse)
     OPS.bwd(dout, q, k, v, out, lse, dq, dk, dv, dq_accum, dsum, scale, causal, window[0],
             window[1], softcap, deterministic)
@@ -224,6 +224,39 @@ def test_bwd_rejects_bad_dq_accum():
         OPS.bwd(dout, q, k, v, out, lse, torch.empty_like(q), torch.empty_like(k),
                 torch.empty_like(v), torch.zeros(q.shape, device="cuda", dtype=torch.float16),
                 torch.empty_like(lse), 0.125, False, -1, -1, 0.0, False)
+
+
+def _bwd_entry(d):
+    """targets.json's backward entry that head dim d runs on (the smallest compiled >= d)."""
+    from sm7x import _targets
+
+    entries = _targets.load()["fa2"]["bwd_kernels"][ARCH]
+    return min((e for e in entries if e["head_dim"] >= d), key=lambda e: e["head_dim"])
+
+
+@pytest.mark.parametrize("d", [64, 120, 128])
+def test_bwd_dq_accum_only_where_the_op_sums_into_it(d):
+    """bwd_uses_dq_accum(d) is true where a non-deterministic call sums dQ in dq_accum (an
+    entry without dq_pass): there an empty dq_accum is refused, naming it; a dq_pass head
+    dim, and any deterministic call, takes an empty one and gives the reference gradients."""
+    _need_bwd(d)
+    uses = bool(OPS.bwd_uses_dq_accum(d))
+    assert uses == (not _bwd_entry(d).get("dq_pass", False))
+    q, k, v, dout = _inputs(2, 200, 300, 4, 2, d, seed=7)
+    scale = 1.0 / math.sqrt(d)
+    empty = torch.empty(0, device="cuda", dtype=torch.float32)
+    rq, rk, rv = _ref_grads(q, k, v, dout, scale, True, (-1, -1), 0.0)
+    for deterministic in (False, True):
+        if uses and not deterministic:
+            with pytest.raises(RuntimeError, match="dq_accum is empty"):
+                _run(q, k, v, dout, scale, True, (-1, -1), 0.0, False, dq_accum=empty)
+            continue
+        dq, dk, dv = _run(q, k, v, dout, scale, True, (-1, -1), 0.0, deterministic,
+                          dq_accum=empty)
+        tag = f"{ARCH} d={d} empty dq_accum det={deterministic}"
+        _close(tag, "dq", dq, rq)
+        _close(tag, "dk", dk, rk)
+        _close(tag, "dv", dv, rv)
 
 
 def test_report_worst():

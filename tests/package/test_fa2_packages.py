@@ -281,7 +281,8 @@ def test_static_tile_analysis_of_the_shipped_sass(env, arch):
 
 def bwd_kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> list[str]:
     """Per entry of fa2.bwd_kernels.<arch>: its kernels are in the library (bwd_kernel once,
-    or with split a dV pass at dv_block_n and a dK/dQ pass; bwd_dq_kernel once), fit the
+    or with split a dV pass at dv_block_n and a dK/dQ pass (dq_pass: no dQ in them);
+    bwd_dq_kernel once), fit the
     card (registers x threads, shared memory), keep nothing in local memory (the main
     kernels: no stack beyond the entry's stack_bytes; the dQ kernel none) and run on tensor
     cores."""
@@ -296,8 +297,9 @@ def bwd_kernel_problems(arch: str, res_text: str, sass_text: str, fa2: dict) -> 
     for e in fa2.get("bwd_kernels", {}).get(arch, []):
         d = e["head_dim"]
         allowed = e.get("stack_bytes", 0)  # measured with it (csrc/fa2/MEASUREMENTS.md)
-        passes = [("bwd dKdQ" if e.get("split") else "bwd", e["block_n"], e["block_m"],
-                   e["smem_bytes"], allowed),
+        main = {(False, False): "bwd", (True, False): "bwd dKdQ", (False, True): "bwd dKdV",
+                (True, True): "bwd dK"}[bool(e.get("split")), bool(e.get("dq_pass"))]
+        passes = [(main, e["block_n"], e["block_m"], e["smem_bytes"], allowed),
                   ("bwd dQ", e["dq_block_m"], e["dq_block_n"], e["dq_smem_bytes"], 0)]
         if e.get("split"):
             passes.append(("bwd dV", e.get("dv_block_n", e["block_n"]), e["block_m"],

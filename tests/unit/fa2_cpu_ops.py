@@ -1,6 +1,6 @@
 """A CPU stand-in for an sm7x FA2 library, for the autograd plumbing tests: namespace
 ``sm7x_test_bwd`` with the library's schemas (fwd, fwd_varlen, bwd, bwd_varlen,
-bwd_supported), computed in float64 torch on CPU.
+bwd_supported, bwd_uses_dq_accum), computed in float64 torch on CPU.
 
 - fwd / fwd_varlen write the float32 reference of tests/gpu/fa2_reference.py (flash-attn's
   masks; rows without keys: 0 and lse +inf).
@@ -9,9 +9,12 @@ bwd_supported), computed in float64 torch on CPU.
   thread-local setting), so they run it in a fresh thread, where it is on. That keeps the
   oracle independent of sm7x's own float32 fallback formulas.
 - Each call is recorded in CALLS (name, deterministic, whether dq_accum came contiguous and
-  fp32, the shapes; the op zeroes it itself, so it may come dirty); bwd then dirties
-  dq_accum as a kernel would.
-- bwd_supported(head_dim) is true except for the head dims in NO_BWD (256, like Turing).
+  fp32 like q, or empty; the shapes; the op zeroes it itself, so it may come dirty); bwd
+  then dirties dq_accum as a kernel would. Like the library's, a call that sums dQ in
+  dq_accum (not deterministic, head dim not in DQ_PASS) refuses an empty one.
+- bwd_supported(head_dim) is true except for the head dims in NO_BWD (256, like Turing);
+  bwd_uses_dq_accum(head_dim) except for those and the ones in DQ_PASS (an entry whose dQ
+  always comes from the dQ kernel, like sm75's d128).
 
 ``use(monkeypatch)`` routes sm7x.fa2 to it: ``_ops_for`` returns this namespace and the
 CUDA-only check is lifted.
@@ -31,6 +34,7 @@ from fa2_reference import reference  # noqa: E402
 NS = "sm7x_test_bwd"
 CALLS: list[dict] = []
 NO_BWD: set[int] = {256}
+DQ_PASS: set[int] = {32}
 
 _lib = torch.library.Library(NS, "DEF")
 _lib.define("fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, float softmax_scale, "
@@ -50,6 +54,7 @@ _lib.define("bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, T
             "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
             "bool deterministic) -> ()")
 _lib.define("bwd_supported(int head_dim) -> bool")
+_lib.define("bwd_uses_dq_accum(int head_dim) -> bool")
 
 
 def _window(causal, left, right):
@@ -105,8 +110,14 @@ def reference_grads(dout, q, k, v, scale, causal, window, softcap):
     return _autograd_in_thread(grads)
 
 
+def _uses_accum(head_dim: int) -> bool:
+    return head_dim not in NO_BWD and head_dim not in DQ_PASS
+
+
 def _record_bwd(op, q, dq_accum, deterministic, **extra):
-    CALLS.append(dict(op=op, deterministic=deterministic,
+    if dq_accum.numel() == 0 and not deterministic and _uses_accum(q.shape[-1]):
+        raise RuntimeError(f"{op}: dq_accum is empty, but head dim {q.shape[-1]} sums dQ in it")
+    CALLS.append(dict(op=op, deterministic=deterministic, accum_empty=dq_accum.numel() == 0,
                       accum_ok=bool(dq_accum.dtype == torch.float32 and dq_accum.is_contiguous()
                                     and dq_accum.shape == q.shape), **extra))
     dq_accum.fill_(7.0)  # a kernel leaves it dirty (the op zeroes it first)
@@ -140,6 +151,7 @@ _lib.impl("fwd_varlen", _fwd_varlen, "CPU")
 _lib.impl("bwd", _bwd, "CPU")
 _lib.impl("bwd_varlen", _bwd_varlen, "CPU")
 _lib.impl("bwd_supported", lambda head_dim: head_dim not in NO_BWD, "CompositeExplicitAutograd")
+_lib.impl("bwd_uses_dq_accum", _uses_accum, "CompositeExplicitAutograd")
 for _name in ("fwd", "fwd_varlen", "bwd", "bwd_varlen"):
     torch.library.register_fake(f"{NS}::{_name}")(lambda *a, **kw: None)
 
@@ -153,6 +165,7 @@ def use(monkeypatch, ops=None):
     monkeypatch.setattr(fa2, "_ops_for", lambda t: ns)
     monkeypatch.setattr(fa2, "_check_cuda", lambda fn, q: None)
     monkeypatch.setattr(_autograd, "_supported", {})
+    monkeypatch.setattr(_autograd, "_accum", {})
     monkeypatch.setattr(_autograd, "_warned", set())
     CALLS.clear()
     return ns

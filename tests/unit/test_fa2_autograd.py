@@ -136,6 +136,30 @@ def test_dq_accum_is_fp32_like_q_every_call(lib):
     assert [c["accum_ok"] for c in cpu.ops("bwd")] == [True] * 3
 
 
+def test_dq_accum_is_empty_where_the_op_does_not_sum_into_it(lib):
+    """Deterministic calls, and head dims whose dQ always comes from the dQ kernel
+    (bwd_uses_dq_accum false), get an empty dq_accum instead of a float32 copy of q."""
+    q, k, v, dout = _inputs()
+    fa2.flash_attn_func(_leaf(q), k, v, deterministic=True).backward(dout)
+    q32, k32, v32, dout32 = _inputs(d=32)
+    assert 32 in cpu.DQ_PASS
+    for det in (False, True):
+        fa2.flash_attn_func(_leaf(q32), k32, v32, deterministic=det).backward(dout32)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    fa2.flash_attn_varlen_func(_leaf(q32[0]), k32[0], v32[0], cu, cu, 5, 5).backward(dout32[0])
+    assert [c["accum_empty"] for c in cpu.ops("bwd") + cpu.ops("bwd_varlen")] == [True] * 4
+
+
+def test_dq_accum_for_a_library_without_the_query(monkeypatch):
+    """A library built before bwd_uses_dq_accum: every non-deterministic call gets one."""
+    from sm7x.fa2 import _autograd
+
+    old = type("OldOps", (), {"name": "old"})()  # no bwd_uses_dq_accum attribute
+    q = torch.zeros(2, 3, 4, 32)
+    assert _autograd._dq_accum(old, q, False).shape == q.shape
+    assert _autograd._dq_accum(old, q, True).numel() == 0
+
+
 def test_lse_is_returned_but_not_differentiable(lib):
     q, k, v, _ = _inputs()
     out, lse, none = fa2.flash_attn_func(_leaf(q), k, v, return_attn_probs=True)

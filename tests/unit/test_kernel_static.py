@@ -101,6 +101,11 @@ def test_backward_kernel_names_tiles_and_flop():
     split2 = vregs.replace("ELb1EEELi2EEE", "ELb1ELi2EEELi2EEE")
     assert kernels.bwd_key(split2) == ("bwd dKdQ", 128, 64, 16, 256, True)
     assert kernels.bwd_key(vregs.replace("ELb1EEELi2EEE", "ELb1ELi1EEELi2EEE"))[4] == 128
+    # dq_pass after dim_split: the main kernel computes no dQ (the dQ kernel does)
+    dkdv = vregs.replace("ELb1EEELi2EEE", "ELb1ELi1ELb1EEELi0EEE")
+    assert kernels.bwd_key(dkdv) == ("bwd dKdV", 128, 64, 16, 128, True)
+    assert kernels.bwd_key(dkdv.replace("ELi0EEE", "ELi2EEE"))[0] == "bwd dK"
+    assert kernels.bwd_key(vregs.replace("ELb1EEELi2EEE", "ELb1ELi1ELb0EEELi2EEE"))[0] == "bwd dKdQ"
     assert kernels.bwd_key(main.replace("bwd_kernel", "fwd_kernel")) is None
     assert kernels.kernel_key(main) is None
     # 2 * rows * cols * d per GEMM: 5 in the main kernel, 2 + 4 in the split passes, 3 in dQ
@@ -108,6 +113,7 @@ def test_backward_kernel_names_tiles_and_flop():
     assert kernels.bwd_flop("bwd dV", 256, 16, 16, True) + kernels.bwd_flop(
         "bwd dKdQ", 256, 16, 16, True) == 6 * 2 * 16 * 16 * 256
     assert kernels.bwd_flop("bwd dQ", 128, 64, 32, False) == 3 * 2 * 64 * 32 * 128
+    assert kernels.bwd_flop("bwd dKdV", 128, 64, 32, False) == 4 * 2 * 64 * 32 * 128
     assert kernels.bwd_flop("bwd dQ", 256, 32, 16, True) == int(2.5 * 2 * 32 * 16 * 256)
 
 

@@ -40,8 +40,11 @@ enum BwdMode { kBwdAll = 0, kBwdDv = 1, kBwdDkDq = 2 };
 // from global memory; dP^T = V dO^T then needs no V tile in shared memory (sm75).
 // KS > 1 (sm75 only, "dim_split"): KS warps share each 16 keys, each holding D / KS columns
 // of their dK / dV (and V) and exchanging partial S^T / dP^T (sm75/bwd_kernel.cuh).
+// DQ_PASS: dQ always comes from the dQ kernel (as with p.deterministic), never from atomics:
+// the main kernel has no dS^T tile and no atomic code, and no fp32 dq_accum is zeroed or
+// converted (where the main kernel's atomic dQ costs more than a second pass over the keys).
 template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
-          int MIN_BLOCKS = 1, bool V_IN_REGS = false, int KS = 1>
+          int MIN_BLOCKS = 1, bool V_IN_REGS = false, int KS = 1, bool DQ_PASS = false>
 struct BwdShape {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockN = BN;
@@ -52,10 +55,12 @@ struct BwdShape {
   static constexpr bool kPrefetch = PREFETCH;
   static constexpr int kMinBlocks = MIN_BLOCKS;
   static constexpr bool kVInRegs = V_IN_REGS;
+  static constexpr bool kDqPass = DQ_PASS;
   // Rows of the main kernel's K, V and dS^T tiles in shared memory in mode `mode`: what both
   // the archs' smem_bytes(mode) and their kernels' layouts are made of. The dV pass of a
   // split backward needs no V or dS^T; with V_IN_REGS no mode has a V tile, and that dV pass
-  // holds K the same way (its one use of K, S^T = K Q^T), so it has no K tile either.
+  // holds K the same way (its one use of K, S^T = K Q^T), so it has no K tile either. With
+  // DQ_PASS no mode stages dS^T (it only feeds the dQ atomics).
   __host__ __device__ static constexpr int k_rows(int mode) {
     return mode == detail::kBwdDv && V_IN_REGS ? 0 : BN;
   }
@@ -63,7 +68,7 @@ struct BwdShape {
     return mode == detail::kBwdDv || V_IN_REGS ? 0 : BN;
   }
   __host__ __device__ static constexpr int ds_rows(int mode) {
-    return mode == detail::kBwdDv ? 0 : BN;
+    return mode == detail::kBwdDv || DQ_PASS ? 0 : BN;
   }
   static constexpr int kDimSplit = KS;
   static constexpr int kWarps = BN / 16 * KS;
@@ -92,6 +97,10 @@ struct BwdShape {
   // tile (d = 512: Q, dO, K and V tiles of 16 rows are 66,560 bytes, over a T4's 64 KB per
   // block; without V 49,920)
   static constexpr bool kDqVInRegs = D > 256;
+  // Whether the dQ kernel loads the next key tile's K and V into registers while the
+  // current one computes (KeyTilesInRegs) instead of copying each tile at its start: with
+  // DQ_PASS, where that kernel is on every backward's path
+  static constexpr bool kDqPrefetch = DQ_PASS && !kDqVInRegs;
 };
 
 namespace detail {
@@ -233,6 +242,23 @@ struct RowsInRegs {
   }
 };
 
+// The K and V rows [r0, r0 + ROWS) of the dQ kernel's next key tile, in registers
+// (C::kDqPrefetch): loaded while the current tile computes, stored after the next barrier.
+template <int ROWS, int THREADS, int D>
+struct KeyTilesInRegs {
+  RowsInRegs<ROWS, THREADS, D> k, v;
+  __device__ __forceinline__ void load(const __half* kg, const __half* vg, int64_t k_stride,
+                                       int64_t v_stride, int r0, int n, int head_dim, int tid) {
+    k.load(kg, k_stride, r0, n, head_dim, tid);
+    v.load(vg, v_stride, r0, n, head_dim, tid);
+  }
+  template <int ST>
+  __device__ __forceinline__ void store(__half* sk, __half* sv, int tid) const {
+    k.template store<ST>(sk, tid);
+    v.template store<ST>(sv, tid);
+  }
+};
+
 // The two per-tile conditions of the elementwise P / dS step, softcap (a run-time
 // parameter) and the mask (SM7X_FA2_TILE_NEEDS_MASK): with_score_flags(cap, masked, f) calls
 // f(ScoreFlags<CAP, MASK>{}) for the case at hand, so each case's loop is straight-line
@@ -368,7 +394,7 @@ constexpr bool same_but_block_n() {
   return C::kHeadDim == CDv::kHeadDim && C::kBlockM == CDv::kBlockM && C::kSplit == CDv::kSplit &&
          C::kPrefetch == CDv::kPrefetch && C::kVInRegs == CDv::kVInRegs &&
          C::kMinBlocks == CDv::kMinBlocks && C::kDqBlockM == CDv::kDqBlockM &&
-         C::kDqBlockN == CDv::kDqBlockN;
+         C::kDqBlockN == CDv::kDqBlockN && C::kDqPass == CDv::kDqPass;
 }
 
 // Grid (key blocks, kv heads, batch) of the main kernel in mode MODE (BwdMode): seqlen_k is

@@ -65,7 +65,9 @@ __device__ __forceinline__ void bwd_main_body(const BwdParams& p, unsigned char*
   const int off = sk - sq, n_last = min(n0 + BN, sk) - 1;
   const int left = p.window_left, right = p.window_right;
   const SoftmaxScale sc = softmax_scale(p);
-  const bool dq_atomic = kDk && !p.deterministic;
+  // dQ by atomics in this kernel, or (C::kDqPass, p.deterministic) by the dQ kernel after it
+  constexpr bool kDqAtomics = kDk && !C::kDqPass;
+  const bool dq_atomic = kDqAtomics && !p.deterministic;
 
   if constexpr (C::k_rows(MODE) > 0)  // (the dV pass with K in registers has no K tile)
     copy_tile<BN, T, D, ST, C::kCopyBatch>(sK, static_cast<const __half*>(p.k) +
@@ -108,7 +110,7 @@ __device__ __forceinline__ void bwd_main_body(const BwdParams& p, unsigned char*
 
     // ---- dQ += dS K over this CTA's BN keys, fp32 atomics (one writer order per run
     // is not fixed: p.deterministic runs the dQ pass instead)
-    if constexpr (kDk) {
+    if constexpr (kDqAtomics) {
       if (dq_atomic) {
         __syncthreads();  // dS^T of every warp stored
         ops.dq_atomic(p, rows, h, m0, sq, sK, sdS);
@@ -165,15 +167,27 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   const int t_lo = n_lo / BN, t_hi = n_hi > n_lo ? (n_hi + BN - 1) / BN : t_lo;
   ops.begin();
 
+  // C::kDqPrefetch: the next key tile's K and V in registers while this one computes
+  struct NoTiles {};
+  using Held = typename std::conditional<C::kDqPrefetch, KeyTilesInRegs<BN, T, D>, NoTiles>::type;
+  Held next;
+  if constexpr (C::kDqPrefetch)
+    if (t_lo < t_hi) next.load(kg, vg, p.k_row_stride, p.v_row_stride, t_lo * BN, sk, head_dim, tid);
   for (int t = t_lo; t < t_hi; ++t) {
     const int n0 = t * BN;
     __syncthreads();  // every warp is done with the previous K, V
-    copy_tile<BN, T, D, ST, C::kDqCopyBatch>(sK, kg, p.k_row_stride, n0, sk, head_dim, tid);
-    if constexpr (C::kDqVInRegs)  // the Ops read V's fragments from global memory
-      ops.v_tile(vg, p.v_row_stride, n0, sk, head_dim);
-    else
-      copy_tile<BN, T, D, ST, C::kDqCopyBatch>(sV, vg, p.v_row_stride, n0, sk, head_dim, tid);
+    if constexpr (C::kDqPrefetch) {
+      next.template store<ST>(sK, sV, tid);
+    } else {
+      copy_tile<BN, T, D, ST, C::kDqCopyBatch>(sK, kg, p.k_row_stride, n0, sk, head_dim, tid);
+      if constexpr (C::kDqVInRegs)  // the Ops read V's fragments from global memory
+        ops.v_tile(vg, p.v_row_stride, n0, sk, head_dim);
+      else
+        copy_tile<BN, T, D, ST, C::kDqCopyBatch>(sV, vg, p.v_row_stride, n0, sk, head_dim, tid);
+    }
     __syncthreads();
+    if constexpr (C::kDqPrefetch)
+      if (t + 1 < t_hi) next.load(kg, vg, p.k_row_stride, p.v_row_stride, n0 + BN, sk, head_dim, tid);
     typename Ops::Scores s;
     ops.scores(s, sQ, sdO, sK, sV);
     const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);

@@ -37,12 +37,14 @@ namespace fa2 {
 namespace sm70 {
 
 template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
-          int MIN_BLOCKS = 1, bool V_IN_REGS = false, int KS = 1>
-struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS> {
-  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS>;
+          int MIN_BLOCKS = 1, bool V_IN_REGS = false, int KS = 1, bool DQ_PASS = false>
+struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, 1, DQ_PASS> {
+  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, 1, DQ_PASS>;
   static_assert(KS == 1, "sm70 backward: no dim split (each warp owns whole rows of dK / dV)");
   static_assert(!V_IN_REGS, "sm70 backward: v_in_regs is not implemented (WMMA fragments)");
   static_assert(!S::kDqVInRegs, "sm70 backward: head dims up to 256 (its dQ kernel stages V)");
+  static_assert(!DQ_PASS, "sm70 backward: dq_pass is not implemented (dK reads dS^T from the "
+                          "shared tile that dq_pass leaves out)");
   static constexpr int kSS = BM + 8;  // fp32 scratch row stride (S^T, dP^T; dQ/dK/dV tiles)
   static constexpr int kWarpScratchFloats = 2 * 16 * kSS;
   static constexpr int kTileBytes = (2 * BN + 2 * BM) * S::kStride * 2;

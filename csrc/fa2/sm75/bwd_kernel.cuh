@@ -37,9 +37,9 @@ namespace fa2 {
 namespace sm75 {
 
 template <int D, int BN, int BM, int DQ_BM, int DQ_BN, bool SPLIT, bool PREFETCH = false,
-          int MIN_BLOCKS = 1, bool V_IN_REGS = false, int KS = 1>
-struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, KS> {
-  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, KS>;
+          int MIN_BLOCKS = 1, bool V_IN_REGS = false, int KS = 1, bool DQ_PASS = false>
+struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, KS, DQ_PASS> {
+  using S = BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS, V_IN_REGS, KS, DQ_PASS>;
   // K, V [BN][D + 8], Q, dO [BM][D + 8], dS^T [BN][BM + 8] fp16; LSE, dsum [BM] fp32. The dV
   // pass of a split backward (mode kBwdDv) has no V, dS^T or dsum, and with V_IN_REGS no K
   // (S::k_rows, S::v_rows, S::ds_rows): less shared memory and no K tile to copy.

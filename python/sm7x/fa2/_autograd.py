@@ -53,6 +53,7 @@ class BackwardFallbackWarning(UserWarning):
 _warn_lock = threading.Lock()
 _warned: set[tuple[str, int]] = set()
 _supported: dict[tuple[str, int], tuple[bool, str]] = {}
+_accum: dict[tuple[str, int], bool] = {}  # (library, head dim): bwd_uses_dq_accum
 
 
 def _backward_kernel(ops, head_dim: int) -> tuple[bool, str]:
@@ -70,6 +71,25 @@ def _backward_kernel(ops, head_dim: int) -> tuple[bool, str]:
         else:
             hit = (True, "")
         _supported[key] = hit
+    return hit
+
+
+def _dq_accum(ops, q: Tensor, deterministic: bool) -> Tensor:
+    """The fp32 dQ sum the library's backward adds into (the op zeroes it), or an empty
+    tensor where this call's dQ comes from the library's dQ kernel instead: deterministic,
+    or a head dim whose kernel entry says dq_pass (``bwd_uses_dq_accum`` false; a library
+    built before that op always takes one)."""
+    d = q.shape[-1]
+    if deterministic or (hasattr(ops, "bwd_uses_dq_accum") and not _uses_accum(ops, d)):
+        return torch.empty(0, dtype=torch.float32, device=q.device)
+    return torch.empty(q.shape, dtype=torch.float32, device=q.device)
+
+
+def _uses_accum(ops, head_dim: int) -> bool:
+    key = (getattr(ops, "name", str(ops)), head_dim)
+    hit = _accum.get(key)
+    if hit is None:
+        hit = _accum[key] = bool(ops.bwd_uses_dq_accum(head_dim))
     return hit
 
 
@@ -137,7 +157,7 @@ def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                                       window_left, window_right, softcap)
     dout, q, k, v, out = _layout(dout, q, k, v, out)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # the op zeroes it
+    dq_accum = _dq_accum(ops, q, deterministic)
     dsum = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     ops.bwd(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, dq_accum, dsum, softmax_scale,
             causal, window_left, window_right, softcap, deterministic)
@@ -220,7 +240,7 @@ def attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                                      softmax_scale, causal, window_left, window_right, softcap)
     dout, q, k, v, out = _layout(dout, q, k, v, out)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # the op zeroes it
+    dq_accum = _dq_accum(ops, q, deterministic)
     dsum = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     ops.bwd_varlen(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, dq_accum, dsum,
                    cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q,

@@ -56,13 +56,16 @@ DECODE_KERNEL = re.compile(r"decode_kernelINS1_12DecodeConfigILi(\d+)ELi(\d+)EEE
 _FA2_H = Path(__file__).resolve().parents[3] / "csrc" / "fa2" / "fa2.h"
 DECODE_ROWS = int(re.search(r"constexpr int kDecodeRows = (\d+);", _FA2_H.read_text())[1])
 # bwd_kernel<BwdConfig<head_dim, block_n, block_m, dq_block_m, dq_block_n, split, prefetch,
-# min_blocks, v_in_regs, dim_split>, mode> and bwd_dq_kernel<BwdConfig<...>>
-# (common/bwd_common.cuh: mode 0 all, 1 dV only, 2 dK and dQ); libraries built before
-# prefetch end the config at split, those before v_in_regs at min_blocks, those before
-# dim_split at v_in_regs
+# min_blocks, v_in_regs, dim_split, dq_pass>, mode> and bwd_dq_kernel<BwdConfig<...>>
+# (common/bwd_common.cuh: mode 0 all, 1 dV only, 2 dK and dQ; with dq_pass no dQ in either);
+# libraries built before prefetch end the config at split, those before v_in_regs at
+# min_blocks, those before dim_split at v_in_regs, those before dq_pass at dim_split
 BWD_KERNEL = re.compile(r"(bwd_kernel|bwd_dq_kernel)INS1_9BwdConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)"
-                        r"ELi(\d+)ELb([01])(?:ELb[01]ELi\d+(?:ELb[01](?:ELi(\d+))?)?)?EEE(?:Li(\d)E)?E")
-BWD_MODES = {0: "bwd", 1: "bwd dV", 2: "bwd dKdQ"}
+                        r"ELi(\d+)ELb([01])(?:ELb[01]ELi\d+(?:ELb[01](?:ELi(\d+)(?:ELb([01]))?)?)?)?"
+                        r"EEE(?:Li(\d)E)?E")
+# kind by (mode, dq_pass)
+BWD_MODES = {(0, False): "bwd", (1, False): "bwd dV", (2, False): "bwd dKdQ",
+             (0, True): "bwd dKdV", (1, True): "bwd dV", (2, True): "bwd dK"}
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 
 
@@ -170,15 +173,18 @@ def bwd_key(name: str) -> tuple[str, int, int, int, int, bool] | None:
     split = m.group(7) == "1"
     if fn == "bwd_dq_kernel":
         return "bwd dQ", d, dbm, dbn, dbm // 16 * 32, split
-    return BWD_MODES[int(m.group(9) or 0)], d, bn, bm, bn // 16 * int(m.group(8) or 1) * 32, split
+    kind = BWD_MODES[int(m.group(10) or 0), m.group(9) == "1"]
+    return kind, d, bn, bm, bn // 16 * int(m.group(8) or 1) * 32, split
 
 
 def bwd_flop(kind: str, d: int, rows: int, cols: int, split: bool) -> int:
     """FLOP of one tile (rows x cols) of a backward kernel: 2 * rows * cols * d per GEMM.
     Main: S^T, dP^T, dV, dK and dQ (the dQ GEMM is in the loop body even when
     deterministic=True skips it at run time); dV pass: S^T and dV; dK/dQ pass: S^T, dP^T,
-    dK, dQ. dQ kernel: S, dP and dQ (split: dQ of half the columns per CTA)."""
-    gemms = {"bwd": 5, "bwd dV": 2, "bwd dKdQ": 4, "bwd dQ": 2.5 if split else 3}[kind]
+    dK, dQ; with dq_pass no dQ: dK/dV 4, dK 3. dQ kernel: S, dP and dQ (split: dQ of half
+    the columns per CTA)."""
+    gemms = {"bwd": 5, "bwd dV": 2, "bwd dKdQ": 4, "bwd dKdV": 4, "bwd dK": 3,
+             "bwd dQ": 2.5 if split else 3}[kind]
     return int(gemms * 2 * rows * cols * d)
 
 
@@ -293,7 +299,7 @@ def analyse(lib: str | Path, targets: dict, cuda_bin: str | None = None) -> list
                                ("decode" if decode else "serving" if serving else "prefill")
                                + (KV_READ[kv8] if serving else ""), local_bytes(res[name])))
     order = ["prefill", "serving", "serving kv8", "serving int8", "decode", "decode kv8",
-             "decode int8", "bwd", "bwd dV", "bwd dKdQ", "bwd dQ"]
+             "decode int8", "bwd", "bwd dKdV", "bwd dV", "bwd dKdQ", "bwd dK", "bwd dQ"]
     return sorted(out, key=lambda s: (s.arch, order.index(s.kind), s.head_dim, s.block_m))
 
 
