@@ -101,6 +101,11 @@ struct BwdShape {
   // current one computes (KeyTilesInRegs) instead of copying each tile at its start: with
   // DQ_PASS, where that kernel is on every backward's path
   static constexpr bool kDqPrefetch = DQ_PASS && !kDqVInRegs;
+  // Whether each warp of the dQ kernel holds its 16 rows of Q and dO as MMA A fragments in
+  // registers, loaded once from global memory, instead of Q and dO tiles in shared memory
+  // (with DQ_PASS: its shared memory is then the K and V tiles alone, so more warps of it
+  // share a Turing SM)
+  static constexpr bool kDqQInRegs = DQ_PASS && !kDqVInRegs;
 };
 
 namespace detail {

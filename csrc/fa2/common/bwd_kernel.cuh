@@ -128,9 +128,11 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   using C = typename Ops::Config;
   constexpr int D = C::kHeadDim, BM = C::kDqBlockM, BN = C::kDqBlockN, ST = C::kStride;
   constexpr int T = C::kDqThreads;
+  // (kDqQInRegs: no Q or dO tile; the Ops hold their fragments)
+  constexpr int QROWS = C::kDqQInRegs ? 0 : BM;
   __half* const sQ = reinterpret_cast<__half*>(smem_raw);
-  __half* const sdO = sQ + BM * ST;
-  __half* const sK = sdO + BM * ST;
+  __half* const sdO = sQ + QROWS * ST;
+  __half* const sK = sdO + QROWS * ST;
   __half* const sV = sK + BN * ST;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -148,12 +150,14 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   const int left = p.window_left, right = p.window_right;
   const SoftmaxScale sc = softmax_scale(p);
 
-  copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sQ, static_cast<const __half*>(p.q) +
-                                  q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-                          p.q_row_stride, m0, sq, head_dim, tid);
-  copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
-                                   q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
-                          p.do_row_stride, m0, sq, head_dim, tid);
+  const __half* const qg = static_cast<const __half*>(p.q) +
+                           q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  const __half* const dog = static_cast<const __half*>(p.dout) +
+                            q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  if constexpr (!C::kDqQInRegs) {
+    copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sQ, qg, p.q_row_stride, m0, sq, head_dim, tid);
+    copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sdO, dog, p.do_row_stride, m0, sq, head_dim, tid);
+  }
   const __half* const kg = static_cast<const __half*>(p.k) +
                            k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
   const __half* const vg = static_cast<const __half*>(p.v) +
@@ -166,6 +170,7 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   if (right >= 0) n_hi = min(sk, last_row + off + right + 1);
   const int t_lo = n_lo / BN, t_hi = n_hi > n_lo ? (n_hi + BN - 1) / BN : t_lo;
   ops.begin();
+  if constexpr (C::kDqQInRegs) ops.q_fragments(qg, p.q_row_stride, dog, p.do_row_stride, sq, head_dim);
 
   // C::kDqPrefetch: the next key tile's K and V in registers while this one computes
   struct NoTiles {};

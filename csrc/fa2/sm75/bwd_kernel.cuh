@@ -59,8 +59,9 @@ struct BwdConfig : BwdShape<D, BN, BM, DQ_BM, DQ_BN, SPLIT, PREFETCH, MIN_BLOCKS
     return KS > 1 ? exchange_offset(mode) + S::kWarps * exchange_floats4(mode) * 16 : tile_bytes(mode);
   }
   static constexpr int kSmemBytes = smem_bytes(detail::kBwdAll);
-  // Q, dO [DQ_BM][D + 8], K, V [DQ_BN][D + 8] (no V tile with kDqVInRegs)
-  static constexpr int kDqSmemBytes = (2 * DQ_BM + (S::kDqVInRegs ? 1 : 2) * DQ_BN) * S::kStride * 2;
+  // Q, dO [DQ_BM][D + 8] (none with kDqQInRegs), K, V [DQ_BN][D + 8] (no V tile with kDqVInRegs)
+  static constexpr int kDqSmemBytes =
+      ((S::kDqQInRegs ? 0 : 2 * DQ_BM) + (S::kDqVInRegs ? 1 : 2) * DQ_BN) * S::kStride * 2;
   // dQ of a query tile: BM / 16 slices x D / 8 n8 tiles spread over the warps
   static constexpr int kSlices = BM / 16;
   static constexpr int kWarpsPerSlice = S::kWarps >= kSlices ? S::kWarps / kSlices : 1;
@@ -432,6 +433,8 @@ struct BwdDqOps {
   float l2[2], dsum[2];
   int a_frag, b_frag, bt_frag;
   float dq[DT][4];
+  // kDqQInRegs: this warp's 16 rows of Q and dO as A fragments (q_fragments)
+  uint32_t qfrag[C::kDqQInRegs ? D / 16 : 1][4], dofrag[C::kDqQInRegs ? D / 16 : 1][4];
   // kDqVInRegs: this thread's two V rows of the key tile in global memory (keys +g, +g + 8,
   // from column 2 tig; null past the keys) and the head dim (v_tile)
   const unsigned int* vrow[2] = {nullptr, nullptr};
@@ -466,6 +469,23 @@ struct BwdDqOps {
     bt_frag = ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + (lane >> 4) * 8;
 #pragma unroll
     for (int i = 0; i < DT; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+  }
+
+  // kDqQInRegs: the A fragments of this warp's 16 rows of Q and dO straight from global
+  // memory, as ldmatrix_x4 at aQ / adO + kk * 32 would give them (r: rows +0/+8, columns
+  // +0/+8 of slice kk); rows past sq and columns past head_dim are zeros. Once per CTA.
+  __device__ __forceinline__ void q_fragments(const __half* q, int64_t q_stride, const __half* dout,
+                                              int64_t do_stride, int sq, int head_dim) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = r0 + (r & 1) * 8, col = kk * 16 + (r >> 1) * 8 + tig * 2;
+        const bool in = row < sq && col < head_dim;
+        qfrag[kk][r] = in ? __ldg(reinterpret_cast<const unsigned int*>(q + (int64_t)row * q_stride + col)) : 0u;
+        dofrag[kk][r] =
+            in ? __ldg(reinterpret_cast<const unsigned int*>(dout + (int64_t)row * do_stride + col)) : 0u;
+      }
   }
 
   // kDqVInRegs: the key tile's V is read from global memory in scores (no V tile)
@@ -504,11 +524,17 @@ struct BwdDqOps {
       s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
       dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
     }
-#pragma unroll KKU
+    // fully unrolled with kDqQInRegs: qfrag[kk] must be a register, not re-loaded per tile
+#pragma unroll(C::kDqQInRegs ? D / 16 : KKU)
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t aq[4], ad[4];
-      ldmatrix_x4(aq, aQ + kk * 32);
-      ldmatrix_x4(ad, adO + kk * 32);
+      if constexpr (C::kDqQInRegs) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) aq[r] = qfrag[kk][r], ad[r] = dofrag[kk][r];
+      } else {
+        ldmatrix_x4(aq, aQ + kk * 32);
+        ldmatrix_x4(ad, adO + kk * 32);
+      }
 #pragma unroll
       for (int nn = 0; nn < BN / 16; ++nn) {
         uint32_t bk[4], bv[4];

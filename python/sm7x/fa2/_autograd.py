@@ -77,10 +77,9 @@ def _backward_kernel(ops, head_dim: int) -> tuple[bool, str]:
 def _dq_accum(ops, q: Tensor, deterministic: bool) -> Tensor:
     """The fp32 dQ sum the library's backward adds into (the op zeroes it), or an empty
     tensor where this call's dQ comes from the library's dQ kernel instead: deterministic,
-    or a head dim whose kernel entry says dq_pass (``bwd_uses_dq_accum`` false; a library
-    built before that op always takes one)."""
-    d = q.shape[-1]
-    if deterministic or (hasattr(ops, "bwd_uses_dq_accum") and not _uses_accum(ops, d)):
+    or a head dim whose kernel entry says dq_pass (``bwd_uses_dq_accum`` false). A library
+    built before that op refuses an empty one, so it always gets q's shape."""
+    if hasattr(ops, "bwd_uses_dq_accum") and (deterministic or not _uses_accum(ops, q.shape[-1])):
         return torch.empty(0, dtype=torch.float32, device=q.device)
     return torch.empty(q.shape, dtype=torch.float32, device=q.device)
 
