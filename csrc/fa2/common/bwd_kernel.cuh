@@ -150,13 +150,13 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   const int left = p.window_left, right = p.window_right;
   const SoftmaxScale sc = softmax_scale(p);
 
-  const __half* const qg = static_cast<const __half*>(p.q) +
-                           q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  const __half* const dog = static_cast<const __half*>(p.dout) +
-                            q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
   if constexpr (!C::kDqQInRegs) {
-    copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sQ, qg, p.q_row_stride, m0, sq, head_dim, tid);
-    copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sdO, dog, p.do_row_stride, m0, sq, head_dim, tid);
+    copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sQ, static_cast<const __half*>(p.q) +
+                                    q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                            p.q_row_stride, m0, sq, head_dim, tid);
+    copy_tile<BM, T, D, ST, C::kDqCopyBatch>(sdO, static_cast<const __half*>(p.dout) +
+                                     q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+                            p.do_row_stride, m0, sq, head_dim, tid);
   }
   const __half* const kg = static_cast<const __half*>(p.k) +
                            k_like(rows, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
@@ -170,7 +170,13 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
   if (right >= 0) n_hi = min(sk, last_row + off + right + 1);
   const int t_lo = n_lo / BN, t_hi = n_hi > n_lo ? (n_hi + BN - 1) / BN : t_lo;
   ops.begin();
-  if constexpr (C::kDqQInRegs) ops.q_fragments(qg, p.q_row_stride, dog, p.do_row_stride, sq, head_dim);
+  if constexpr (C::kDqQInRegs)
+    ops.q_fragments(static_cast<const __half*>(p.q) +
+                        q_like(rows, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+                    p.q_row_stride,
+                    static_cast<const __half*>(p.dout) +
+                        q_like(rows, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride),
+                    p.do_row_stride, sq, head_dim);
 
   // C::kDqPrefetch: the next key tile's K and V in registers while this one computes
   struct NoTiles {};
