@@ -109,16 +109,6 @@ int bwd_from(const BwdParams& p, cudaStream_t stream) {
   }
 }
 
-template <std::size_t I = 0>
-bool dq_pass_from(int head_dim) {
-  if constexpr (I == kNumHeadDims) {
-    return false;
-  } else {
-    if (head_dim <= kCompiledHeadDims[I]) return bwd_dq_pass(kCompiledHeadDims[I]);
-    return dq_pass_from<I + 1>(head_dim);
-  }
-}
-
 // A template so that a library without backward kernels (kHasBwd false) never
 // instantiates bwd_from, whose run_bwd_* it does not define.
 template <bool HAS = kHasBwd>
@@ -138,7 +128,10 @@ bool bwd_supported(int head_dim) {
 }
 
 bool bwd_uses_dq_accum(int head_dim) {
-  return bwd_supported(head_dim) && !dq_pass_from(head_dim);
+  if (!bwd_supported(head_dim)) return false;
+  for (const int d : kCompiledHeadDims)  // the head dim bwd_from runs it on
+    if (head_dim <= d) return !bwd_dq_pass(d);
+  return false;
 }
 
 int bwd(const BwdParams& p, cudaStream_t stream) {

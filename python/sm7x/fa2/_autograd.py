@@ -56,10 +56,15 @@ _supported: dict[tuple[str, int], tuple[bool, str]] = {}
 _accum: dict[tuple[str, int], bool] = {}  # (library, head dim): bwd_uses_dq_accum
 
 
+def _lib_key(ops, head_dim: int) -> tuple[str, int]:
+    """The key of the per-library caches above: (the library's name, head dim)."""
+    return (getattr(ops, "name", str(ops)), head_dim)
+
+
 def _backward_kernel(ops, head_dim: int) -> tuple[bool, str]:
     """(the library has a backward kernel for head_dim, why not)."""
-    name = getattr(ops, "name", str(ops))
-    key = (name, head_dim)
+    key = _lib_key(ops, head_dim)
+    name = key[0]
     hit = _supported.get(key)
     if hit is None:
         if not (hasattr(ops, "bwd") and hasattr(ops, "bwd_supported")):
@@ -85,7 +90,7 @@ def _dq_accum(ops, q: Tensor, deterministic: bool) -> Tensor:
 
 
 def _uses_accum(ops, head_dim: int) -> bool:
-    key = (getattr(ops, "name", str(ops)), head_dim)
+    key = _lib_key(ops, head_dim)
     hit = _accum.get(key)
     if hit is None:
         hit = _accum[key] = bool(ops.bwd_uses_dq_accum(head_dim))
@@ -93,7 +98,7 @@ def _uses_accum(ops, head_dim: int) -> bool:
 
 
 def _warn_fallback(ops, head_dim: int, why: str) -> None:
-    key = (getattr(ops, "name", str(ops)), head_dim)
+    key = _lib_key(ops, head_dim)
     if key in _warned:
         return
     with _warn_lock:
