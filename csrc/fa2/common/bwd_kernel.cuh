@@ -199,6 +199,9 @@ __device__ __forceinline__ void bwd_dq_body(const BwdParams& p, unsigned char* s
     __syncthreads();
     if constexpr (C::kDqPrefetch)
       if (t + 1 < t_hi) next.load(kg, vg, p.k_row_stride, p.v_row_stride, n0 + BN, sk, head_dim, tid);
+    // kDqPass: a warp whose rows see none of this tile's keys skips it (as the main kernel)
+    if constexpr (C::kDqPass)
+      if (ops.sees_none(n0, sq, sk, off, left, right)) continue;
     typename Ops::Scores s;
     ops.scores(s, sQ, sdO, sK, sV);
     const bool masked = SM7X_FA2_TILE_NEEDS_MASK(p, BN, n0, m0, last_row, sk, off);

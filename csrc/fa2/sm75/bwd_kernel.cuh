@@ -555,6 +555,15 @@ struct BwdDqOps {
   };
   __device__ __forceinline__ Pos pos() const { return {r0, tig, {l2[0], l2[1]}, {dsum[0], dsum[1]}}; }
 
+  // Whether none of this warp's 16 rows sees any key of the tile [n0, n0 + BN) (rows past
+  // sq see nothing; each row's visible keys are one interval, shifted by one per row)
+  __device__ __forceinline__ bool sees_none(int n0, int sq, int sk, int off, int left,
+                                            int right) const {
+    const int first = r0 - g, last = min(first + 15, sq - 1);
+    return first >= sq || n0 >= sk || (right >= 0 && n0 > last + off + right) ||
+           (left >= 0 && n0 + BN - 1 < first + off - left);
+  }
+
   template <class Flags>
   __device__ __forceinline__ static void ds(const Pos& pos, Scores& t, const Flags& flags,
                                             const BwdParams& p, const detail::SoftmaxScale& sc,
