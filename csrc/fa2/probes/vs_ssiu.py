@@ -28,7 +28,8 @@ value), so that a faster cell is one that computes the same thing. ``--occupancy
 caps sm7x's CTAs per SM at a T4's (sm7x.bench.fa2.occupancy_of); ssiu cannot be capped
 (its kernels take 64 KB of shared memory, one CTA per T4 SM already). ``--kernel-times``
 adds, per cell, each kernel's device time in one forward + backward of either library
-(torch.profiler, mean of 3 steps), printed under the table: where each backward's time goes.
+(torch.profiler, mean of 3 steps), and how long the GPU sat idle between them, printed
+under the table: where each backward's time goes.
 """
 
 from __future__ import annotations
@@ -51,8 +52,15 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item() / max(b.float().abs().max().item(), 1e-6)
 
 
-def kernel_times(fn, steps: int = 3) -> dict[str, float]:
-    """Device microseconds per step of each CUDA kernel fn launches (torch.profiler)."""
+def kernel_times(fn, steps: int = 3) -> tuple[dict[str, float], float]:
+    """Device microseconds per step of each CUDA kernel fn launches (torch.profiler), and the
+    microseconds per step the GPU sat idle between them (the span from the first kernel's
+    start to the last one's end, less their sum): time a step's wall clock has and its
+    kernels do not (host launches that fall behind, syncs)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -61,8 +69,15 @@ def kernel_times(fn, steps: int = 3) -> dict[str, float]:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    return {e.key: e.device_time_total / steps for e in prof.key_averages()
-            if e.device_time_total > 0}
+    times = {e.key: e.device_time_total / steps for e in prof.key_averages()
+             if e.device_time_total > 0}
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
+    span = max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)
+    return times, (span - sum(e["dur"] for e in gpu)) / steps
 
 
 def cell(ssiu, d: int, h: int, hk: int, s: int, causal: bool, tokens: int, iters: int,
@@ -99,7 +114,10 @@ def cell(ssiu, d: int, h: int, hk: int, s: int, causal: bool, tokens: int, iters
     for part in ("fwd", "fwd_bwd"):
         row[f"x_{part}"] = t[f"ssiu_{part}"] / t[f"sm7x_{part}"]
     if kernels:
-        row["kernel_us"] = {"sm7x": kernel_times(ours_fwd_bwd), "ssiu": kernel_times(theirs_fwd_bwd)}
+        (ours_k, ours_idle), (theirs_k, theirs_idle) = (kernel_times(ours_fwd_bwd),
+                                                        kernel_times(theirs_fwd_bwd))
+        row["kernel_us"] = {"sm7x": ours_k, "ssiu": theirs_k}
+        row["gpu_idle_us"] = {"sm7x": ours_idle, "ssiu": theirs_idle}
     ours_bwd = t["sm7x_fwd_bwd"] - t["sm7x_fwd"]
     theirs_bwd = t["ssiu_fwd_bwd"] - t["ssiu_fwd"]
     row.update(sm7x_bwd_ms=ours_bwd * 1e3, ssiu_bwd_ms=theirs_bwd * 1e3,
@@ -150,7 +168,8 @@ def print_table(result: dict) -> None:
     for r in result["results"]:
         for lib, times in r.get("kernel_us", {}).items():
             print(f"d{r['head_dim']} {r['heads']}/{r['kv_heads']} {r['seqlen']}"
-                  f"{' causal' if r['causal'] else ''} {lib} (us per fwd+bwd step):")
+                  f"{' causal' if r['causal'] else ''} {lib} (us per fwd+bwd step; GPU idle "
+                  f"between its kernels {r['gpu_idle_us'][lib]:.1f}):")
             for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
                 print(f"  {us:9.1f}  {short_name(name)}")
 
