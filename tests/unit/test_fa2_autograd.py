@@ -178,6 +178,59 @@ def test_no_grad_calls_take_the_direct_path(lib):
     assert [c["op"] for c in cpu.CALLS] == ["fwd"]
 
 
+def _custom_ops_run(fn) -> set[str]:
+    """The sm7x_fa2 custom ops the profiler saw while fn ran."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith(_autograd.NAMESPACE + "::")}
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_eager_training_bypasses_the_custom_ops(lib, sinks):
+    """Outside torch.compile a call that needs grad runs the ops' implementations under an
+    autograd.Function (_autograd.call), with the same values as the ops themselves."""
+    q, k, v, dout = _inputs(h=4, hk=2)
+    s_aux = torch.tensor([0.5, -1.0, 0.0, 2.0]) if sinks else None
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    eager = [_leaf(t) for t in (q, k, v)]
+
+    def step():
+        fa2.flash_attn_func(*eager, causal=True, s_aux=s_aux).backward(dout)
+        fa2.flash_attn_varlen_func(*(t[0] for t in eager), cu, cu, 5, 5, s_aux=s_aux
+                                   ).backward(dout[0])
+
+    assert _custom_ops_run(step) == set()
+    assert [c["op"] for c in cpu.CALLS] == ["fwd", "bwd", "fwd_varlen", "bwd_varlen"]
+    # the same step through the ops, as torch.compile runs it
+    via_ops = [_leaf(t) for t in (q, k, v)]
+    opts = (16 ** -0.5, True, -1, 0, 0.0, False)
+    if sinks:
+        out, _ = fa2._sinks.attn_sinks(*via_ops, s_aux, *opts)
+    else:
+        out, _ = _autograd.attn(*via_ops, *opts)
+    out.backward(dout)
+    vopts = (cu, cu, 5, 5, 16 ** -0.5, False, -1, -1, 0.0, False)
+    if sinks:
+        out, _ = fa2._sinks.attn_varlen_sinks(*(t[0] for t in via_ops), s_aux, *vopts)
+    else:
+        out, _ = _autograd.attn_varlen(*(t[0] for t in via_ops), *vopts)
+    out.backward(dout[0])
+    for name, a, b in zip("qkv", eager, via_ops):
+        assert torch.equal(a.grad, b.grad), name
+
+
+def test_double_backward_is_refused(lib):
+    """The backward has no backward of its own: differentiating the gradients of a
+    create_graph=True backward raises (the eager path then runs the backward op, which has no
+    formula), never treats them as constants."""
+    q, k, v, dout = _inputs()
+    ql = _leaf(q)
+    (gq,) = torch.autograd.grad(fa2.flash_attn_func(ql, k, v), ql, dout, create_graph=True)
+    assert gq.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        gq.float().sum().backward()
+
+
 # ---------------------------------------------------------------------------------------
 # varlen
 

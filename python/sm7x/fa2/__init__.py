@@ -268,7 +268,11 @@ def _rows_aligned(t: torch.Tensor, elems: int, data_bytes: int) -> bool:
 
 
 def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
-    """The kernels read 16-byte chunks: last dim contiguous, other strides multiples of 8."""
+    """The kernels read 16-byte chunks: last dim contiguous, other strides multiples of 8.
+    (A contiguous tensor whose last dim is a multiple of 8 has them: checked first, as the
+    common case costs a few µs less of host time per call that way.)"""
+    if t.is_contiguous() and t.shape[-1] % 8 == 0 and t.data_ptr() % 16 == 0:
+        return t
     return t if _rows_aligned(t, 8, 16) else t.contiguous()
 
 
@@ -301,8 +305,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     if _differentiable(*_grad_inputs(q, k, v, s_aux)):
         _check_cuda(fn, q)
         opts = (scale, causal, left, right, softcap, deterministic)
-        out, lse = (_autograd.attn(q, k, v, *opts) if sinks is None
-                    else _sinks.attn_sinks(q, k, v, sinks, *opts))
+        out, lse = (_autograd.call(_autograd.ATTN, q, k, v, *opts) if sinks is None
+                    else _autograd.call(_sinks.ATTN, q, k, v, sinks, *opts))
         return (out, lse, None) if return_attn_probs else out
     ops, q, k, v, out = _prepare(fn, q, k, v)
     lse = torch.empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32, device=q.device)
@@ -441,8 +445,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         # the op checks cu_seqlens against q/k on the host when it runs (not traced)
         opts = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, left,
                 right, softcap, deterministic)
-        res, lse = (_autograd.attn_varlen(q, k, v, *opts) if sinks is None
-                    else _sinks.attn_varlen_sinks(q, k, v, sinks, *opts))
+        res, lse = (_autograd.call(_autograd.ATTN_VARLEN, q, k, v, *opts) if sinks is None
+                    else _autograd.call(_sinks.ATTN_VARLEN, q, k, v, sinks, *opts))
         if out is not None:  # compiled inference with out=
             _check_tensor("out", out, fn)
             if out.shape != res.shape:

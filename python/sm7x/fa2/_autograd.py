@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -120,13 +121,15 @@ def _layout(*ts: Tensor):
 # batched [B, S, H, D]
 
 
-@torch.library.custom_op(f"{NAMESPACE}::attn", mutates_args=())
-def attn(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
+def _attn(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
          window_left: int, window_right: int, softcap: float,
          deterministic: bool) -> tuple[Tensor, Tensor]:
     """out [B, Sq, H, D] fp16, lse [B, H, Sq] fp32 (the library's fwd). ``deterministic``
     does not change the forward (it always is): it is an input so that the backward gets it."""
     return fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+
+
+attn = torch.library.custom_op(f"{NAMESPACE}::attn", _attn, mutates_args=())
 
 
 def fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, sinks=None):
@@ -148,8 +151,7 @@ def _attn_fake(q, k, v, softmax_scale, causal, window_left, window_right, softca
             q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::attn_backward", mutates_args=())
-def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+def _attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   softmax_scale: float, causal: bool, window_left: int, window_right: int,
                   softcap: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (q's, k's, v's shapes, fp16): the library's bwd, or the float32 fallback."""
@@ -168,6 +170,10 @@ def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     return dq, dk, dv
 
 
+attn_backward = torch.library.custom_op(f"{NAMESPACE}::attn_backward", _attn_backward,
+                                        mutates_args=())
+
+
 @attn_backward.register_fake
 def _attn_backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left,
                         window_right, softcap, deterministic):
@@ -183,9 +189,9 @@ def _setup(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _attn_grad(ctx, dout, _dlse):
+def _attn_grad(ctx, dout, _dlse, backward=attn_backward):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = attn_backward(dout, q, k, v, out, lse, *ctx.opts)
+    dq, dk, dv = backward(dout, q, k, v, out, lse, *ctx.opts)
     return (dq, dk, dv) + (None,) * len(ctx.opts)
 
 
@@ -193,8 +199,7 @@ def _attn_grad(ctx, dout, _dlse):
 # varlen [total, H, D]
 
 
-@torch.library.custom_op(f"{NAMESPACE}::attn_varlen", mutates_args=())
-def attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+def _attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                 max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                 window_left: int, window_right: int, softcap: float,
                 deterministic: bool) -> tuple[Tensor, Tensor]:
@@ -203,6 +208,9 @@ def attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
     loaded: the kernels read them as offsets."""
     return fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, causal, window_left, window_right, softcap)
+
+
+attn_varlen = torch.library.custom_op(f"{NAMESPACE}::attn_varlen", _attn_varlen, mutates_args=())
 
 
 def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
@@ -229,8 +237,7 @@ def _attn_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::attn_varlen_backward", mutates_args=())
-def attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+def _attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                          lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                          max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                          causal: bool, window_left: int, window_right: int, softcap: float,
@@ -253,6 +260,10 @@ def attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
     return dq, dk, dv
 
 
+attn_varlen_backward = torch.library.custom_op(f"{NAMESPACE}::attn_varlen_backward",
+                                               _attn_varlen_backward, mutates_args=())
+
+
 @attn_varlen_backward.register_fake
 def _attn_varlen_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
@@ -269,14 +280,66 @@ def _setup_varlen(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _attn_varlen_grad(ctx, dout, _dlse):
+def _attn_varlen_grad(ctx, dout, _dlse, backward=attn_varlen_backward):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = attn_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
+    dq, dk, dv = backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
     return (dq, dk, dv) + (None,) * (2 + len(ctx.opts))
 
 
 attn.register_autograd(_attn_grad, setup_context=_setup)
 attn_varlen.register_autograd(_attn_varlen_grad, setup_context=_setup_varlen)
+
+
+# ---------------------------------------------------------------------------------------
+# eager calls: the same implementations, setup and backward under a torch.autograd.Function
+
+
+class Twin(NamedTuple):
+    """What an autograd op runs, for the eager path: the op, its implementation, its
+    setup_context, its backward (which calls the backward op unless given ``backward=``) and
+    the backward op's implementation."""
+    op: object
+    impl: Callable
+    setup: Callable
+    grad: Callable
+    backward_impl: Callable
+
+
+class _Eager(torch.autograd.Function):
+    """A Twin's forward and backward. torch.library's autograd wrapper around a Python
+    custom op costs host time on every call (a fwd+bwd step with kernels that do nothing:
+    ~160-250 µs through the ops against ~130 through this, on a CPU); eager training pays
+    it per attention layer and step, torch.compile does not (it traces the ops once)."""
+
+    @staticmethod
+    def forward(ctx, twin, *inputs):
+        output = twin.impl(*inputs)
+        twin.setup(ctx, inputs, output)
+        ctx.twin = twin
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for the lse output
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        twin = ctx.twin
+        if torch.is_grad_enabled():
+            # create_graph=True: through the backward op, whose outputs refuse a second
+            # backward (it has no formula) instead of passing as constants
+            return (None, *twin.grad(ctx, *grads))
+        return (None, *twin.grad(ctx, *grads, backward=twin.backward_impl))
+
+
+def call(twin: Twin, *inputs):
+    """twin's op under torch.compile (a traced node with a fake), its implementation under
+    _Eager outside it."""
+    if torch.compiler.is_compiling():
+        return twin.op(*inputs)
+    return _Eager.apply(twin, *inputs)
+
+
+ATTN = Twin(attn, _attn, _setup, _attn_grad, _attn_backward)
+ATTN_VARLEN = Twin(attn_varlen, _attn_varlen, _setup_varlen, _attn_varlen_grad,
+                   _attn_varlen_backward)
 
 
 # ---------------------------------------------------------------------------------------

@@ -55,13 +55,15 @@ def sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
 # autograd: the attn / attn_varlen ops, folded, with the sink's gradient
 
 
-@torch.library.custom_op(f"{NAMESPACE}::attn_sinks", mutates_args=())
-def attn_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, softmax_scale: float,
+def _attn_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, softmax_scale: float,
                causal: bool, window_left: int, window_right: int, softcap: float,
                deterministic: bool) -> tuple[Tensor, Tensor]:
     """``attn`` with sinks (float32 [H]): out [B, Sq, H, D], sink-aware lse [B, H, Sq]."""
     return _autograd.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
                          sinks)
+
+
+attn_sinks = torch.library.custom_op(f"{NAMESPACE}::attn_sinks", _attn_sinks, mutates_args=())
 
 
 @attn_sinks.register_fake
@@ -77,14 +79,13 @@ def _setup(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _grad(ctx, dout, _dlse):
+def _grad(ctx, dout, _dlse, backward=_autograd.attn_backward):
     q, k, v, sinks, out, lse = ctx.saved_tensors
-    dq, dk, dv = _autograd.attn_backward(dout, q, k, v, out, lse, *ctx.opts)
+    dq, dk, dv = backward(dout, q, k, v, out, lse, *ctx.opts)
     return (dq, dk, dv, sink_grad(dout, out, lse, sinks)) + (None,) * len(ctx.opts)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::attn_varlen_sinks", mutates_args=())
-def attn_varlen_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, cu_seqlens_q: Tensor,
+def _attn_varlen_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, cu_seqlens_q: Tensor,
                       cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                       softmax_scale: float, causal: bool, window_left: int, window_right: int,
                       softcap: float, deterministic: bool) -> tuple[Tensor, Tensor]:
@@ -92,6 +93,10 @@ def attn_varlen_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, cu_seqlens
     return _autograd.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, softmax_scale, causal, window_left, window_right,
                                 softcap, sinks)
+
+
+attn_varlen_sinks = torch.library.custom_op(f"{NAMESPACE}::attn_varlen_sinks", _attn_varlen_sinks,
+                                            mutates_args=())
 
 
 @attn_varlen_sinks.register_fake
@@ -107,11 +112,16 @@ def _setup_varlen(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _grad_varlen(ctx, dout, _dlse):
+def _grad_varlen(ctx, dout, _dlse, backward=_autograd.attn_varlen_backward):
     q, k, v, sinks, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = _autograd.attn_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
+    dq, dk, dv = backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
     return (dq, dk, dv, sink_grad(dout, out, lse, sinks)) + (None,) * (2 + len(ctx.opts))
 
 
 attn_sinks.register_autograd(_grad, setup_context=_setup)
 attn_varlen_sinks.register_autograd(_grad_varlen, setup_context=_setup_varlen)
+
+# the eager path (_autograd.call)
+ATTN = _autograd.Twin(attn_sinks, _attn_sinks, _setup, _grad, _autograd._attn_backward)
+ATTN_VARLEN = _autograd.Twin(attn_varlen_sinks, _attn_varlen_sinks, _setup_varlen, _grad_varlen,
+                             _autograd._attn_varlen_backward)
