@@ -13,8 +13,10 @@ from the input's device):
   have k/v's shape; ``deterministic`` is passed on).
 
 Being registered ops with fake implementations, torch.compile (``fullgraph=True``) traces
-them as single nodes, forward and backward, and torch.utils.checkpoint recomputes them
-like any op. What the kernels need (16-byte chunks, the library of the device, host checks
+them as single nodes, forward and backward. Eager calls (``call``) run the same
+implementations, setup and backward under a ``torch.autograd.Function`` instead: the
+ops' autograd wrapper is host time paid on every call, per layer and step.
+torch.utils.checkpoint recomputes either like any op. What the kernels need (16-byte chunks, the library of the device, host checks
 of cu_seqlens) happens inside the ops' real implementations, never in traced code.
 
 Fallback: where the library has no backward kernel for a head dim
