@@ -16,8 +16,9 @@ Being registered ops with fake implementations, torch.compile (``fullgraph=True`
 them as single nodes, forward and backward. Eager calls (``call``) run the same
 implementations, setup and backward under a ``torch.autograd.Function`` instead: the
 ops' autograd wrapper is host time paid on every call, per layer and step.
-torch.utils.checkpoint recomputes either like any op. What the kernels need (16-byte chunks, the library of the device, host checks
-of cu_seqlens) happens inside the ops' real implementations, never in traced code.
+torch.utils.checkpoint recomputes either like any op. What the kernels need (16-byte
+chunks, the library of the device, host checks of cu_seqlens) happens inside the ops' real
+implementations, never in traced code.
 
 Fallback: where the library has no backward kernel for a head dim
 (``bwd_supported(head_dim)`` false; the likely case is d=256 on Turing, whose 64 KB of
@@ -124,8 +125,8 @@ def _layout(*ts: Tensor):
 
 
 def _attn(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
-         window_left: int, window_right: int, softcap: float,
-         deterministic: bool) -> tuple[Tensor, Tensor]:
+          window_left: int, window_right: int, softcap: float,
+          deterministic: bool) -> tuple[Tensor, Tensor]:
     """out [B, Sq, H, D] fp16, lse [B, H, Sq] fp32 (the library's fwd). ``deterministic``
     does not change the forward (it always is): it is an input so that the backward gets it."""
     return fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
@@ -154,8 +155,8 @@ def _attn_fake(q, k, v, softmax_scale, causal, window_left, window_right, softca
 
 
 def _attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                  softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                  softcap: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                   softcap: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (q's, k's, v's shapes, fp16): the library's bwd, or the float32 fallback."""
     ops = _fa2._ops_for(q)
     ok, why = _backward_kernel(ops, q.shape[-1])
@@ -202,9 +203,9 @@ def _attn_grad(ctx, dout, _dlse, backward=attn_backward):
 
 
 def _attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-                window_left: int, window_right: int, softcap: float,
-                deterministic: bool) -> tuple[Tensor, Tensor]:
+                 max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+                 window_left: int, window_right: int, softcap: float,
+                 deterministic: bool) -> tuple[Tensor, Tensor]:
     """out [total_q, H, D] fp16, lse [H, total_q] fp32 (the library's fwd_varlen). The
     cu_seqlens are checked against the tensors here (one host copy), before the library is
     loaded: the kernels read them as offsets."""
@@ -240,10 +241,10 @@ def _attn_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 
 def _attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                         lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                         causal: bool, window_left: int, window_right: int, softcap: float,
-                         deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                          lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                          max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                          causal: bool, window_left: int, window_right: int, softcap: float,
+                          deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of attn_varlen: the library's bwd_varlen, or the float32 fallback."""
     ops = _fa2._ops_for(q)
     ok, why = _backward_kernel(ops, q.shape[-1])

@@ -56,8 +56,8 @@ def sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
 
 
 def _attn_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, softmax_scale: float,
-               causal: bool, window_left: int, window_right: int, softcap: float,
-               deterministic: bool) -> tuple[Tensor, Tensor]:
+                causal: bool, window_left: int, window_right: int, softcap: float,
+                deterministic: bool) -> tuple[Tensor, Tensor]:
     """``attn`` with sinks (float32 [H]): out [B, Sq, H, D], sink-aware lse [B, H, Sq]."""
     return _autograd.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
                          sinks)
@@ -86,9 +86,9 @@ def _grad(ctx, dout, _dlse, backward=_autograd.attn_backward):
 
 
 def _attn_varlen_sinks(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, cu_seqlens_q: Tensor,
-                      cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                      softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                      softcap: float, deterministic: bool) -> tuple[Tensor, Tensor]:
+                       cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                       softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                       softcap: float, deterministic: bool) -> tuple[Tensor, Tensor]:
     """``attn_varlen`` with sinks: out [T, H, D], sink-aware lse [H, T]."""
     return _autograd.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, softmax_scale, causal, window_left, window_right,
