@@ -219,6 +219,29 @@ def test_varlen_keys_without_queries_get_zero_gradient():
     assert torch.equal(dk[s], torch.zeros_like(dk[s])) and torch.equal(dv[s], torch.zeros_like(dv[s]))
 
 
+def test_varlen_layers_after_the_first_do_not_sync():
+    """A padding-free training step calls flash_attn_varlen_func once per layer with the
+    same cu_seqlens: only the first call copies them to the host (a stream sync); later
+    layers' forwards and every backward queue without waiting (torch's sync debug mode)."""
+    lens = [70, 1, 129]
+    cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32, device=DEV)
+    g = gen(41)
+    q, k, v, dout = (randn(200, 4, 64, g=g) for _ in range(4))
+    layers = [[leaf(t) for t in (q, k, v)] for _ in range(3)]
+    opts = dict(causal=True, deterministic=True)  # bit-identical gradients, to compare
+    fa2.flash_attn_varlen_func(*layers[0], cu, cu, max(lens), max(lens), **opts).backward(dout)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for ql, kl, vl in layers[1:]:
+            fa2.flash_attn_varlen_func(ql, kl, vl, cu, cu, max(lens), max(lens), **opts
+                                       ).backward(dout)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for ql, _, _ in layers[1:]:
+        assert torch.equal(ql.grad, layers[0][0].grad)
+
+
 def test_packed_variants():
     g = gen(40)
     qkv = leaf(randn(2, 200, 3, 8, 64, g=g))

@@ -14,6 +14,7 @@ tests/gpu/test_fa2_backward.py.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -269,6 +270,38 @@ def test_varlen_cu_seqlens_are_still_checked(lib):
         fa2.flash_attn_varlen_func(_leaf(q[:6]), k, v, cq, ck, 4, 4)
     with pytest.raises(ValueError, match="max_seqlen_k is 3"):
         fa2.flash_attn_varlen_func(_leaf(q), k, v, cq, ck, 4, 3)
+
+
+def test_cu_seqlens_are_read_once_per_tensor_and_contents(lib, monkeypatch):
+    """The host check of cu_seqlens (a device-to-host copy: a stream sync on a GPU) runs once
+    per tensor, contents, total and max_seqlen, not once per layer; an in-place write, another
+    bound or another tensor is checked again, and inference-mode tensors every call."""
+    q, k, v, _, cq, ck = _varlen([3, 4], [3, 4])
+    reads = []
+    real = torch.Tensor.tolist
+
+    def counting(t):
+        if sys._getframe(1).f_code.co_name == "_check_cu_seqlens":
+            reads.append(t)
+        return real(t)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    fa2._checked_cu.clear()
+    for _ in range(3):  # three layers, one step
+        fa2.flash_attn_varlen_func(_leaf(q), k, v, cq, ck, 4, 4)
+    with torch.no_grad():
+        fa2.flash_attn_varlen_func(q, k, v, cq, ck, 4, 4)
+    assert [t is cq for t in reads] == [True, False] and reads[1] is ck
+    fa2.flash_attn_varlen_func(q, k, v, cq, ck, 5, 4)  # another bound: cq again
+    assert len(reads) == 3 and reads[2] is cq
+    cq[1] = 5  # in place: the next call sees it
+    with pytest.raises(ValueError, match="max_seqlen_q is 4"):
+        fa2.flash_attn_varlen_func(q, k, v, cq, ck, 4, 4)
+    with torch.inference_mode():
+        cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+        for _ in range(2):
+            fa2.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4)
+    assert sum(t is cu for t in reads) == 4  # q's and k's, both calls
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ COMPILED_HEAD_DIMS; other sizes run padded); causal (bottom-right aligned when s
 seqlen_k, as flash-attn >= 2.1); sliding window; softcap; GQA/MQA (num_heads a multiple of
 num_kv_heads). Not supported: dropout (dropout_p must be 0), ALiBi.
 
-Training (``_autograd.py``): these six functions are differentiable. With inputs that
-require grad (or under torch.compile) they run as registered custom ops
-(``torch.ops.sm7x_fa2.attn`` / ``attn_varlen``) whose autograd saves q, k, v, out and the
+Training (``_autograd.py``): these six functions are differentiable. Under torch.compile
+they run as registered custom ops (``torch.ops.sm7x_fa2.attn`` / ``attn_varlen``); eager
+calls with inputs that require grad run the same implementations under a
+``torch.autograd.Function`` (less host time per call). Either saves q, k, v, out and the
 LSE (no S/P) and calls the library's backward kernels (``bwd`` / ``bwd_varlen``): dq, dk,
 dv, with dk/dv summed over each GQA group; ``deterministic=True`` asks the kernels for a
 fixed accumulation order (bit-identical gradients run to run). They trace under
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 from .. import _targets
 
@@ -148,9 +150,24 @@ def _check_qkv(fn: str, q, k, v, nd: int, layout: str) -> tuple[int, int, int]:
     return q.shape[-2], k.shape[-2], q.shape[-1]
 
 
+# cu_seqlens tensors that passed _check_cu_seqlens: id -> (weak reference, version counter,
+# total, max_seqlen). A model calls flash_attn_varlen_func once per layer with the same
+# cu_seqlens, and the check's host copy waits for the stream: it runs once per tensor and
+# contents (every in-place write through torch bumps the tensor's version counter).
+_checked_cu: dict[int, tuple] = {}
+_CHECKED_CU_MAX = 16
+
+
 def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tensor: str) -> None:
     """The kernels read cu_seqlens as offsets into q/k/v, so a wrong one would read out of
-    bounds: it is checked on the host (one small device-to-host copy per call)."""
+    bounds: it is checked on the host (one small device-to-host copy, which waits for the
+    stream), once per tensor, contents, total and max_seqlen (_checked_cu; inference-mode
+    tensors have no version counter and are checked every call)."""
+    tracked = not cu.is_inference()
+    if tracked:
+        hit = _checked_cu.get(id(cu))
+        if hit is not None and hit[0]() is cu and hit[1:] == (cu._version, total, max_seqlen):
+            return
     c = [int(x) for x in cu.tolist()]
     if c[0] != 0 or any(b < a for a, b in zip(c, c[1:])):
         raise ValueError(f"sm7x.fa2.{fn}: {name} must start at 0 and never decrease, got {c[:8]}"
@@ -162,6 +179,10 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
     if longest > max_seqlen:
         raise ValueError(f"sm7x.fa2.{fn}: a sequence in {name} has {longest} tokens but "
                          f"max_seqlen_{tensor} is {max_seqlen}; pass the longest length")
+    if tracked:
+        if len(_checked_cu) >= _CHECKED_CU_MAX:
+            _checked_cu.clear()
+        _checked_cu[id(cu)] = (weakref.ref(cu), cu._version, total, max_seqlen)
 
 
 def _check_max_seqlens(fn: str, max_seqlen_q, max_seqlen_k, total_q: int = 0,

@@ -207,8 +207,9 @@ def _attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqle
                  window_left: int, window_right: int, softcap: float,
                  deterministic: bool) -> tuple[Tensor, Tensor]:
     """out [total_q, H, D] fp16, lse [H, total_q] fp32 (the library's fwd_varlen). The
-    cu_seqlens are checked against the tensors here (one host copy), before the library is
-    loaded: the kernels read them as offsets."""
+    cu_seqlens are checked against the tensors here (a host copy, once per tensor and
+    contents: _fa2._check_cu_seqlens), before the library is loaded: the kernels read them
+    as offsets."""
     return fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, causal, window_left, window_right, softcap)
 
