@@ -150,11 +150,12 @@ def _check_qkv(fn: str, q, k, v, nd: int, layout: str) -> tuple[int, int, int]:
     return q.shape[-2], k.shape[-2], q.shape[-1]
 
 
-# cu_seqlens tensors that passed _check_cu_seqlens: id -> (weak reference, version counter,
-# total, max_seqlen). A model calls flash_attn_varlen_func once per layer with the same
-# cu_seqlens, and the check's host copy waits for the stream: it runs once per tensor and
-# contents (every in-place write through torch bumps the tensor's version counter).
-_checked_cu: dict[int, tuple] = {}
+# cu_seqlens tensors that passed _check_cu_seqlens: (id, total, max_seqlen) -> (weak
+# reference, version counter); one tensor may serve as cu_seqlens_q and _k with other bounds.
+# A model calls flash_attn_varlen_func once per layer with the same cu_seqlens, and the
+# check's host copy waits for the stream: it runs once per tensor and contents (every
+# in-place write through torch bumps the tensor's version counter).
+_checked_cu: dict[tuple, tuple] = {}
 _CHECKED_CU_MAX = 16
 
 
@@ -165,8 +166,8 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
     tensors have no version counter and are checked every call)."""
     tracked = not cu.is_inference()
     if tracked:
-        hit = _checked_cu.get(id(cu))
-        if hit is not None and hit[0]() is cu and hit[1:] == (cu._version, total, max_seqlen):
+        hit = _checked_cu.get((id(cu), total, max_seqlen))
+        if hit is not None and hit[0]() is cu and hit[1] == cu._version:
             return
     c = [int(x) for x in cu.tolist()]
     if c[0] != 0 or any(b < a for a, b in zip(c, c[1:])):
@@ -182,7 +183,7 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
     if tracked:
         if len(_checked_cu) >= _CHECKED_CU_MAX:
             _checked_cu.clear()
-        _checked_cu[id(cu)] = (weakref.ref(cu), cu._version, total, max_seqlen)
+        _checked_cu[(id(cu), total, max_seqlen)] = (weakref.ref(cu), cu._version)
 
 
 def _check_max_seqlens(fn: str, max_seqlen_q, max_seqlen_k, total_q: int = 0,
