@@ -79,8 +79,7 @@ def use(monkeypatch) -> ServingReference:
 
     ops = ServingReference()
     monkeypatch.setattr(fa2, "_check_cuda", lambda fn, q: None)
-    monkeypatch.setattr(_serving, "_check_cuda", lambda fn, q: None)
-    monkeypatch.setattr(_serving, "_ops_for", lambda t: ops)
+    monkeypatch.setattr(fa2, "_ops_for", lambda t: ops)  # _serving looks it up per call
     monkeypatch.setattr(_serving, "_capturing", lambda: False)  # a CPU-only torch has no CUDA graphs
     monkeypatch.setattr(_serving, "_plan_for", lambda fn, ops_, q, *a: (
         types.SimpleNamespace(partitions=None, split_offsets=None), None, None))

@@ -30,9 +30,9 @@ import torch
 
 from .. import _args
 from .._planner import sched_module
-from . import (_check_cuda, _check_half, _check_heads, _check_max_seqlens,
-               _check_option_values, _check_options, _check_out_alias, _check_tensor,
-               _kernel_layout, _ops_for, _rows_aligned)
+from .. import fa2 as _fa2
+from . import (_check_half, _check_heads, _check_max_seqlens, _check_option_values,
+               _check_options, _check_out_alias, _check_tensor, _kernel_layout, _rows_aligned)
 
 # Splits per sequence at most: enough for one sequence of 8 kv heads to fill a wave of the
 # 8-bit decode kernels on a 132-SM GPU (12 resident CTAs per SM: 198 splits).
@@ -218,7 +218,7 @@ def _plan_format(fn: str, kv_cache_dtype) -> int:
 
 
 def _arch_of(t: torch.Tensor) -> str:
-    return _ops_for(t).name.removeprefix("sm7x_fa2_")
+    return _fa2._ops_for(t).name.removeprefix("sm7x_fa2_")
 
 
 def _check_plan_type(fn: str, given) -> None:
@@ -473,8 +473,10 @@ def _serving_call(fn, q, k_cache, v_cache, inputs, plan, softmax_scale, hd, caus
     _check_plan_type(fn, plan)
     options = _check_options(fn, softmax_scale, hd, causal, window_size, softcap)
     _check_option_values(fn, options[0], *options[2:])
-    _check_cuda(fn, q)
-    ops = _ops_for(q)
+    # looked up per call (not bound at import): the device's library, or a stand-in a
+    # caller routed sm7x.fa2 to (the CPU tests)
+    _fa2._check_cuda(fn, q)
+    ops = _fa2._ops_for(q)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _cache_layout(fn, name, t)
     return ops, options
