@@ -315,6 +315,8 @@ class _Eager(torch.autograd.Function):
     ~160-250 µs through the ops against ~130 through this, on a CPU); eager training pays
     it per attention layer and step, torch.compile does not (it traces the ops once)."""
 
+    # forward with ctx, no setup_context: a new-style Function costs more host time per call
+    # (~35 µs a step in host_step.py), and torch.func transforms fail either way (so did the ops)
     @staticmethod
     def forward(ctx, twin, *inputs):
         output = twin.impl(*inputs)
