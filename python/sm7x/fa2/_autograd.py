@@ -62,7 +62,8 @@ _accum: dict[tuple[str, int], bool] = {}  # (library, head dim): bwd_uses_dq_acc
 
 def _lib_key(ops, head_dim: int) -> tuple[str, int]:
     """The key of the per-library caches above: (the library's name, head dim)."""
-    return (getattr(ops, "name", str(ops)), head_dim)
+    name = getattr(ops, "name", None)  # (not getattr's default: str(ops) on every call)
+    return (name if name is not None else str(ops), head_dim)
 
 
 def _backward_kernel(ops, head_dim: int) -> tuple[bool, str]:
