@@ -240,6 +240,28 @@ def test_mask_analysed_once_per_forward(monkeypatch, mode):
         assert not tf_sm7x._mask_layout(torch.tensor([[1, 0, 1]]), 0)[3]  # a hole
 
 
+def test_unpadding_worked_out_once_per_forward(fake, monkeypatch):
+    """A right-padded training batch is unpadded to varlen calls: the kept rows' indices,
+    cu_seqlens and longest lengths (host syncs) come from the first layer of a forward;
+    the later layers reuse them (the same cu_seqlens tensors) and compute the same thing."""
+    syncs = []
+    for name in ("tolist", "nonzero"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda t, *a, _n=name, _r=real, **k: syncs.append(_n) or _r(t, *a, **k))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 5, n, 16, generator=g).half() for n in (4, 2, 2))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    opts = dict(softmax_scale=0.25, causal=True, window_size=(-1, -1), softcap=0.0)
+    outs = [tf_sm7x._masked(q, k, v, mask, opts, layer) for layer in range(4)]
+    assert fake.calls == ["varlen"] * 4
+    assert sorted(syncs) == ["nonzero", "tolist", "tolist"], syncs  # layer 0 only
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    want = FakeFa2._attend(q[:1, :3], k[:1, :3], v[:1, :3], **opts)
+    assert torch.equal(outs[0][:1, :3], want) and not outs[0][:1, 3:].any()
+
+
 def _first_difference(a, b):
     """The first generated step where the tokens differ, or None. A step where every
     differing token ties with eager's pick in eager's own fp16 logits is a tie, not a

@@ -188,7 +188,7 @@ def _masked(q, k, v, mask, opts, layer):
         _refuse(f"got a padding mask {tuple(mask.shape)} for {batch} sequences of "
                 f"{k.shape[1]} keys", "pass attention_mask as [batch, past + new tokens]")
     k, v = k[:, :length], v[:, :length]
-    mask, lens, leftpad, left_ok, ones = _mask_layout(mask, layer)
+    mask, lens, leftpad, left_ok, ones, unpads = _mask_layout(mask, layer)
     if ones:
         return (fa2.flash_attn_func(q, k, v, **opts) if sq >= length
                 else fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k),
@@ -197,7 +197,7 @@ def _masked(q, k, v, mask, opts, layer):
         return fa2.flash_attn_with_kvcache(q, k, v, cache_seqlens=length, cache_leftpad=leftpad,
                                            scheduler_metadata=_plan(q, k), **opts,
                                            **_OWN_VALUES)
-    return _unpadded(q, k, v, mask, lens, opts)
+    return _unpadded(q, k, v, mask, lens, opts, unpads)
 
 
 _layouts: dict = {}
@@ -205,8 +205,9 @@ _layouts: dict = {}
 
 @torch.compiler.disable  # host bookkeeping: never traced (compiled training with a mask)
 def _mask_layout(mask, layer: int | None):
-    """(bool mask, keys per row, left padding per row, left padded?, all ones?) of a padding
-    mask. One host sync decides the path: a mask of ones (a static cache's written slots)
+    """(bool mask, keys per row, left padding per row, left padded?, all ones?, the unpadding
+    of each query length, filled by _unpadded) of a padding mask. One host sync decides the
+    path: a mask of ones (a static cache's written slots)
     needs no mask; left padding (each row's keys one run that ends at L, what generate
     pads) is read in place; anything else is unpadded like transformers' flash path.
     A model passes one mask tensor to the layers of a forward in order: the analysis made
@@ -225,7 +226,7 @@ def _mask_layout(mask, layer: int | None):
     left_ok, ones = torch.stack([
         (b == (torch.arange(length, device=b.device) >= leftpad[:, None])).all(),
         b.all()]).tolist()
-    layout = (b, lens, leftpad, left_ok, ones)
+    layout = (b, lens, leftpad, left_ok, ones, {})
     if len(_layouts) >= 8:  # the masks of the current forward (one per layer type) suffice
         _layouts.clear()
     _layouts[id(mask)] = (mask, layer, layout)
@@ -254,20 +255,27 @@ def _plan(q, k):
     return plan
 
 
-def _unpadded(q, k, v, mask, lens, opts):
+def _unpadded(q, k, v, mask, lens, opts, unpads: dict):
+    """Attention over the mask's kept rows as one varlen call. The kept rows' indices,
+    cu_seqlens and longest lengths (three host syncs) are worked out once per forward and
+    query length (unpads, _mask_layout's), not per layer: the later layers then queue
+    without waiting, cu_seqlens included (the same tensors: sm7x.fa2 checks them once)."""
     batch, sq, heads, hd = q.shape
     length = mask.shape[1]
-    keep_k = mask.reshape(-1).nonzero().squeeze(1)
-    cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
-    if sq == length:
-        keep_q, cu_q, qmask = keep_k, cu_k, mask
-    else:  # the queries are the last sq positions
-        qmask = mask[:, -sq:] if sq > 1 else torch.ones(batch, 1, dtype=torch.bool,
-                                                         device=mask.device)
-        keep_q = qmask.reshape(-1).nonzero().squeeze(1)
-        cu_q = torch.nn.functional.pad(qmask.sum(-1, dtype=torch.int32).cumsum(0, dtype=torch.int32),
-                                       (1, 0))
-    max_q, max_k = torch.stack([qmask.sum(-1, dtype=torch.int32).max(), lens.max()]).tolist()
+    if sq not in unpads:
+        keep_k = mask.reshape(-1).nonzero().squeeze(1)
+        cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+        if sq == length:
+            keep_q, cu_q, qmask = keep_k, cu_k, mask
+        else:  # the queries are the last sq positions
+            qmask = mask[:, -sq:] if sq > 1 else torch.ones(batch, 1, dtype=torch.bool,
+                                                             device=mask.device)
+            keep_q = qmask.reshape(-1).nonzero().squeeze(1)
+            cu_q = torch.nn.functional.pad(
+                qmask.sum(-1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+        max_q, max_k = torch.stack([qmask.sum(-1, dtype=torch.int32).max(), lens.max()]).tolist()
+        unpads[sq] = (keep_q, keep_k, cu_q, cu_k, max_q, max_k)
+    keep_q, keep_k, cu_q, cu_k, max_q, max_k = unpads[sq]
     out_packed = fa2.flash_attn_varlen_func(
         q.reshape(-1, heads, hd)[keep_q], k.reshape(batch * length, *k.shape[2:])[keep_k],
         v.reshape(batch * length, *v.shape[2:])[keep_k], cu_q, cu_k, max_q, max_k, **opts)
