@@ -105,9 +105,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--calls", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args(argv)
-    shape = tuple(_ints("--shape", a.shape, (2, 64, 4, 128)))
+    try:
+        shape = tuple(_ints("--shape", a.shape, (2, 64, 4, 128)))
+    except ValueError as exc:
+        p.error(str(exc))
     if len(shape) != 4:
         p.error(f"--shape takes 4 numbers (batch,seqlen,heads,head_dim), got {a.shape}")
+    for flag, n in (("--calls", a.calls), ("--repeats", a.repeats)):
+        if n < 1:
+            p.error(f"{flag} must be at least 1, got {n}")
     result = run(shape, a.calls, a.repeats)
     for name, us in result["us_per_step_min"].items():
         print(f"{name:16s} {us:7.1f} µs per step (min of {a.repeats} x {a.calls}; median "

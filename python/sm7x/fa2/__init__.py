@@ -164,9 +164,9 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
     bounds: it is checked on the host (one small device-to-host copy, which waits for the
     stream), once per tensor, contents, total and max_seqlen (_checked_cu; inference-mode
     tensors have no version counter and are checked every call)."""
-    tracked = not cu.is_inference()
-    if tracked:
-        hit = _checked_cu.get((id(cu), total, max_seqlen))
+    key = None if cu.is_inference() else (id(cu), total, max_seqlen)
+    if key is not None:
+        hit = _checked_cu.get(key)
         if hit is not None and hit[0]() is cu and hit[1] == cu._version:
             return
     c = [int(x) for x in cu.tolist()]
@@ -180,10 +180,10 @@ def _check_cu_seqlens(fn: str, name: str, cu, total: int, max_seqlen: int, tenso
     if longest > max_seqlen:
         raise ValueError(f"sm7x.fa2.{fn}: a sequence in {name} has {longest} tokens but "
                          f"max_seqlen_{tensor} is {max_seqlen}; pass the longest length")
-    if tracked:
+    if key is not None:
         if len(_checked_cu) >= _CHECKED_CU_MAX:
             _checked_cu.clear()
-        _checked_cu[(id(cu), total, max_seqlen)] = (weakref.ref(cu), cu._version)
+        _checked_cu[key] = (weakref.ref(cu), cu._version)
 
 
 def _check_max_seqlens(fn: str, max_seqlen_q, max_seqlen_k, total_q: int = 0,

@@ -291,10 +291,6 @@ def _attn_varlen_grad(ctx, dout, _dlse, backward=attn_varlen_backward):
     return (dq, dk, dv) + (None,) * (2 + len(ctx.opts))
 
 
-attn.register_autograd(_attn_grad, setup_context=_setup)
-attn_varlen.register_autograd(_attn_varlen_grad, setup_context=_setup_varlen)
-
-
 # ---------------------------------------------------------------------------------------
 # eager calls: the same implementations, setup and backward under a torch.autograd.Function
 
@@ -310,11 +306,19 @@ class Twin(NamedTuple):
     backward_impl: Callable
 
 
+def register_autograd(op, impl: Callable, setup: Callable, grad: Callable,
+                      backward_impl: Callable) -> Twin:
+    """Registers grad / setup as op's autograd (what torch.compile traces) and returns the
+    Twin that runs the same for eager calls (``call``)."""
+    op.register_autograd(grad, setup_context=setup)
+    return Twin(op, impl, setup, grad, backward_impl)
+
+
 class _Eager(torch.autograd.Function):
     """A Twin's forward and backward. torch.library's autograd wrapper around a Python
-    custom op costs host time on every call (a fwd+bwd step with kernels that do nothing:
-    ~160-250 µs through the ops against ~130 through this, on a CPU); eager training pays
-    it per attention layer and step, torch.compile does not (it traces the ops once)."""
+    custom op costs host time on every call (measured with kernels that do nothing:
+    MEASUREMENTS.md, "Host time of an eager training step"); eager training pays it per
+    attention layer and step, torch.compile does not (it traces the ops once)."""
 
     # forward with ctx, no setup_context: a new-style Function costs more host time per call
     # (~35 µs a step in host_step.py), and torch.func transforms fail either way (so did the ops)
@@ -344,9 +348,9 @@ def call(twin: Twin, *inputs):
     return _Eager.apply(twin, *inputs)
 
 
-ATTN = Twin(attn, _attn, _setup, _attn_grad, _attn_backward)
-ATTN_VARLEN = Twin(attn_varlen, _attn_varlen, _setup_varlen, _attn_varlen_grad,
-                   _attn_varlen_backward)
+ATTN = register_autograd(attn, _attn, _setup, _attn_grad, _attn_backward)
+ATTN_VARLEN = register_autograd(attn_varlen, _attn_varlen, _setup_varlen,
+                                _attn_varlen_grad, _attn_varlen_backward)
 
 
 # ---------------------------------------------------------------------------------------

@@ -118,10 +118,7 @@ def _grad_varlen(ctx, dout, _dlse, backward=_autograd.attn_varlen_backward):
     return (dq, dk, dv, sink_grad(dout, out, lse, sinks)) + (None,) * (2 + len(ctx.opts))
 
 
-attn_sinks.register_autograd(_grad, setup_context=_setup)
-attn_varlen_sinks.register_autograd(_grad_varlen, setup_context=_setup_varlen)
-
-# the eager path (_autograd.call)
-ATTN = _autograd.Twin(attn_sinks, _attn_sinks, _setup, _grad, _autograd._attn_backward)
-ATTN_VARLEN = _autograd.Twin(attn_varlen_sinks, _attn_varlen_sinks, _setup_varlen, _grad_varlen,
-                             _autograd._attn_varlen_backward)
+ATTN = _autograd.register_autograd(attn_sinks, _attn_sinks, _setup, _grad,
+                                   _autograd._attn_backward)
+ATTN_VARLEN = _autograd.register_autograd(attn_varlen_sinks, _attn_varlen_sinks, _setup_varlen,
+                                          _grad_varlen, _autograd._attn_varlen_backward)

@@ -207,9 +207,9 @@ _layouts: dict = {}
 def _mask_layout(mask, layer: int | None):
     """(bool mask, keys per row, left padding per row, left padded?, all ones?, the unpadding
     of each query length, filled by _unpadded) of a padding mask. One host sync decides the
-    path: a mask of ones (a static cache's written slots)
-    needs no mask; left padding (each row's keys one run that ends at L, what generate
-    pads) is read in place; anything else is unpadded like transformers' flash path.
+    path: a mask of ones (a static cache's written slots) needs no mask; left padding (each
+    row's keys one run that ends at L, what generate pads) is read in place; anything else
+    is unpadded like transformers' flash path.
     A model passes one mask tensor to the layers of a forward in order: the analysis made
     at the first layer serves the later ones (a call from a layer not after the last one
     seen starts a new forward and analyses again, so a mask changed in place between
@@ -256,25 +256,14 @@ def _plan(q, k):
 
 
 def _unpadded(q, k, v, mask, lens, opts, unpads: dict):
-    """Attention over the mask's kept rows as one varlen call. The kept rows' indices,
-    cu_seqlens and longest lengths (three host syncs) are worked out once per forward and
-    query length (unpads, _mask_layout's), not per layer: the later layers then queue
-    without waiting, cu_seqlens included (the same tensors: sm7x.fa2 checks them once)."""
+    """Attention over the mask's kept rows as one varlen call. Its unpadding (_unpadding:
+    host syncs) is worked out once per forward and query length (unpads, _mask_layout's),
+    not per layer: the later layers then queue without waiting, cu_seqlens included (the
+    same tensors: sm7x.fa2 checks them once)."""
     batch, sq, heads, hd = q.shape
     length = mask.shape[1]
     if sq not in unpads:
-        keep_k = mask.reshape(-1).nonzero().squeeze(1)
-        cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
-        if sq == length:
-            keep_q, cu_q, qmask = keep_k, cu_k, mask
-        else:  # the queries are the last sq positions
-            qmask = mask[:, -sq:] if sq > 1 else torch.ones(batch, 1, dtype=torch.bool,
-                                                             device=mask.device)
-            keep_q = qmask.reshape(-1).nonzero().squeeze(1)
-            cu_q = torch.nn.functional.pad(
-                qmask.sum(-1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
-        max_q, max_k = torch.stack([qmask.sum(-1, dtype=torch.int32).max(), lens.max()]).tolist()
-        unpads[sq] = (keep_q, keep_k, cu_q, cu_k, max_q, max_k)
+        unpads[sq] = _unpadding(mask, lens, sq)
     keep_q, keep_k, cu_q, cu_k, max_q, max_k = unpads[sq]
     out_packed = fa2.flash_attn_varlen_func(
         q.reshape(-1, heads, hd)[keep_q], k.reshape(batch * length, *k.shape[2:])[keep_k],
@@ -282,6 +271,25 @@ def _unpadded(q, k, v, mask, lens, opts, unpads: dict):
     out = torch.zeros((batch * sq, heads, hd), dtype=q.dtype, device=q.device)
     out[keep_q] = out_packed
     return out.view(batch, sq, heads, hd)
+
+
+def _unpadding(mask, lens, sq: int):
+    """(kept query rows, kept key rows, cu_seqlens_q, cu_seqlens_k, longest query and key
+    runs) of a padding mask [batch, L] whose queries are the last sq positions (host syncs:
+    each nonzero, and one copy of the two lengths)."""
+    batch, length = mask.shape
+    keep_k = mask.reshape(-1).nonzero().squeeze(1)
+    cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+    if sq == length:
+        keep_q, cu_q, qmask = keep_k, cu_k, mask
+    else:  # the queries are the last sq positions
+        qmask = mask[:, -sq:] if sq > 1 else torch.ones(batch, 1, dtype=torch.bool,
+                                                         device=mask.device)
+        keep_q = qmask.reshape(-1).nonzero().squeeze(1)
+        cu_q = torch.nn.functional.pad(
+            qmask.sum(-1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+    max_q, max_k = torch.stack([qmask.sum(-1, dtype=torch.int32).max(), lens.max()]).tolist()
+    return keep_q, keep_k, cu_q, cu_k, max_q, max_k
 
 
 def _packed(q, k, v, kwargs, opts):
