@@ -262,6 +262,38 @@ def test_unpadding_worked_out_once_per_forward(fake, monkeypatch):
     assert torch.equal(outs[0][:1, :3], want) and not outs[0][:1, 3:].any()
 
 
+def test_packing_worked_out_once_per_forward(fake, monkeypatch):
+    """A padding-free batch with int64 cu_seq_lens and no max lengths: the int32 copies and
+    the longest runs (a host read) come from a forward's first layer; the later layers pass
+    the same cu_seqlens tensors (sm7x.fa2 checks a tensor once), and a new forward (layer 0
+    again) works them out afresh, so cu_seq_lens changed in place are never read stale."""
+    seen, syncs = [], []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist",
+                        lambda t, *a, **k: syncs.append(1) or real_tolist(t, *a, **k))
+    real_varlen = fake.flash_attn_varlen_func
+    monkeypatch.setattr(fake, "flash_attn_varlen_func",
+                        lambda q, k, v, cu_q, cu_k, *a, **kw: seen.append((cu_q, cu_k))
+                        or real_varlen(q, k, v, cu_q, cu_k, *a, **kw))
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 9, n, 16, generator=g).half() for n in (4, 2, 2))
+    cu = torch.tensor([0, 4, 9])  # int64, as a hand-built batch passes it
+    opts = dict(softmax_scale=0.25, causal=True, window_size=(-1, -1), softcap=0.0)
+    kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}
+    outs = [tf_sm7x._packed(q, k, v, kwargs, opts, layer) for layer in range(4)]
+    assert len(syncs) == 1, syncs
+    assert all(c[0] is seen[0][0] and c[1] is seen[0][1] for c in seen)
+    assert seen[0][0].dtype == torch.int32
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    cu[1] = 6  # in place, between forwards
+    again = tf_sm7x._packed(q, k, v, kwargs, opts, 0)
+    assert len(syncs) == 2 and seen[-1][0] is not seen[0][0]
+    assert seen[-1][0].tolist() == [0, 6, 9]
+    want = FakeFa2._attend(q[:, 6:], k[:, 6:], v[:, 6:], **opts)
+    assert torch.equal(again[:, 6:], want)
+
+
 def _first_difference(a, b):
     """The first generated step where the tokens differ, or None. A step where every
     differing token ties with eager's pick in eager's own fp16 logits is a tie, not a

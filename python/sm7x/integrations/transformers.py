@@ -125,7 +125,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         opts["s_aux"] = kwargs["s_aux"]
     layer = getattr(module, "layer_idx", None)
     if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:  # padding-free
-        out = _packed(q, k, v, kwargs, opts)
+        out = _packed(q, k, v, kwargs, opts, layer)
     elif attention_mask is None and q.shape[1] >= k.shape[1]:
         out = fa2.flash_attn_func(q, k, v, **opts)
     elif torch.compiler.is_compiling() and not (torch.is_grad_enabled() and q.requires_grad):
@@ -292,16 +292,42 @@ def _unpadding(mask, lens, sq: int):
     return keep_q, keep_k, cu_q, cu_k, max_q, max_k
 
 
-def _packed(q, k, v, kwargs, opts):
+def _packed(q, k, v, kwargs, opts, layer):
     """Padding-free batches (DataCollatorWithFlattening): sequences concatenated in one row,
     bounded by cu_seq_lens_q/k."""
-    cu_q, cu_k = kwargs["cu_seq_lens_q"].int(), kwargs["cu_seq_lens_k"].int()
-    max_q = kwargs.get("max_length_q") or int((cu_q[1:] - cu_q[:-1]).max())
-    max_k = kwargs.get("max_length_k") or int((cu_k[1:] - cu_k[:-1]).max())
+    cu_q, cu_k, max_q, max_k = _packing(kwargs, layer)
     out = fa2.flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
-                                     v.reshape(-1, *v.shape[2:]), cu_q, cu_k, int(max_q),
-                                     int(max_k), **opts)
+                                     v.reshape(-1, *v.shape[2:]), cu_q, cu_k, max_q, max_k,
+                                     **opts)
     return out.view(q.shape[0], -1, *out.shape[1:])
+
+
+_packings: dict = {}
+
+
+@torch.compiler.disable  # host bookkeeping, like _mask_layout
+def _packing(kwargs, layer: int | None):
+    """(int32 cu_seqlens q and k, longest q and k runs) of a padding-free batch, worked out
+    at a forward's first layer and reused by the later ones (the same rule as _mask_layout):
+    int64 cu_seq_lens would otherwise become new int32 tensors at every layer, each checked
+    again by sm7x.fa2 (a host sync), and missing max_length_q/k would be read back per layer."""
+    src = (kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"])
+    key = (id(src[0]), id(src[1]))
+    hit = _packings.get(key)
+    if (hit is not None and hit[0][0] is src[0] and hit[0][1] is src[1] and layer is not None
+            and hit[1] is not None and layer > hit[1]):
+        _packings[key] = (src, layer, hit[2])
+        return hit[2]
+    cu_q, cu_k = src[0].int(), src[1].int()
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    if not max_q or not max_k:  # one read of both longest runs
+        max_q, max_k = torch.stack([(cu_q[1:] - cu_q[:-1]).max(),
+                                    (cu_k[1:] - cu_k[:-1]).max()]).tolist()
+    packing = (cu_q, cu_k, int(max_q), int(max_k))
+    if len(_packings) >= 8:
+        _packings.clear()
+    _packings[key] = (src, layer, packing)
+    return packing
 
 
 # ---------------------------------------------------------------------------------------
