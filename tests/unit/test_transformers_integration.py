@@ -294,6 +294,27 @@ def test_packing_worked_out_once_per_forward(fake, monkeypatch):
     assert torch.equal(again[:, 6:], want)
 
 
+def test_packing_traced_in_a_compiled_forward(fake, monkeypatch):
+    """A compiled forward over a padding-free batch (max lengths given, as
+    DataCollatorWithFlattening passes them) traces the packing in one graph: the host-side
+    cache of eager forwards stays out of it."""
+    seen = []
+    monkeypatch.setattr(fake, "flash_attn_varlen_func",
+                        lambda q, k, v, cu_q, cu_k, max_q, max_k, **kw:
+                        seen.append((cu_q.dtype, max_q, max_k)) or q * 2)
+    q, k, v = (torch.randn(1, 9, n, 16).half() for n in (4, 2, 2))
+    kwargs = {"cu_seq_lens_q": torch.tensor([0, 4, 9]), "cu_seq_lens_k": torch.tensor([0, 4, 9]),
+              "max_length_q": 5, "max_length_k": 5}
+    opts = dict(softmax_scale=0.25, causal=True, window_size=(-1, -1), softcap=0.0)
+    compiled = torch.compile(lambda q, k, v: tf_sm7x._packed(q, k, v, kwargs, opts, 0),
+                             backend="eager", fullgraph=True)
+    out = compiled(q, k, v)
+    assert torch.equal(out, q * 2)
+    assert seen and seen[-1] == (torch.int32, 5, 5)
+    assert not tf_sm7x._packings or all(p[0][0] is not kwargs["cu_seq_lens_q"]
+                                        for p in tf_sm7x._packings.values())
+
+
 def _first_difference(a, b):
     """The first generated step where the tokens differ, or None. A step where every
     differing token ties with eager's pick in eager's own fp16 logits is a tie, not a

@@ -295,22 +295,34 @@ def _unpadding(mask, lens, sq: int):
 def _packed(q, k, v, kwargs, opts, layer):
     """Padding-free batches (DataCollatorWithFlattening): sequences concatenated in one row,
     bounded by cu_seq_lens_q/k."""
-    cu_q, cu_k, max_q, max_k = _packing(kwargs, layer)
+    # a compiled forward traces the packing (no host cache in the graph)
+    cu_q, cu_k, max_q, max_k = (_packing_of(kwargs) if torch.compiler.is_compiling()
+                                else _packing(kwargs, layer))
     out = fa2.flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
                                      v.reshape(-1, *v.shape[2:]), cu_q, cu_k, max_q, max_k,
                                      **opts)
     return out.view(q.shape[0], -1, *out.shape[1:])
 
 
+def _packing_of(kwargs):
+    """(int32 cu_seqlens q and k, longest q and k runs) of a padding-free batch (missing
+    max_length_q/k: one host read of both)."""
+    cu_q, cu_k = kwargs["cu_seq_lens_q"].int(), kwargs["cu_seq_lens_k"].int()
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    if not max_q or not max_k:
+        max_q, max_k = torch.stack([(cu_q[1:] - cu_q[:-1]).max(),
+                                    (cu_k[1:] - cu_k[:-1]).max()]).tolist()
+    return cu_q, cu_k, int(max_q), int(max_k)
+
+
 _packings: dict = {}
 
 
-@torch.compiler.disable  # host bookkeeping, like _mask_layout
 def _packing(kwargs, layer: int | None):
-    """(int32 cu_seqlens q and k, longest q and k runs) of a padding-free batch, worked out
-    at a forward's first layer and reused by the later ones (the same rule as _mask_layout):
-    int64 cu_seq_lens would otherwise become new int32 tensors at every layer, each checked
-    again by sm7x.fa2 (a host sync), and missing max_length_q/k would be read back per layer."""
+    """_packing_of, worked out at an eager forward's first layer and reused by the later ones
+    (the same rule as _mask_layout): int64 cu_seq_lens would otherwise become new int32
+    tensors at every layer, each checked again by sm7x.fa2 (a host sync), and missing
+    max_length_q/k would be read back per layer."""
     src = (kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"])
     key = (id(src[0]), id(src[1]))
     hit = _packings.get(key)
@@ -318,12 +330,7 @@ def _packing(kwargs, layer: int | None):
             and hit[1] is not None and layer > hit[1]):
         _packings[key] = (src, layer, hit[2])
         return hit[2]
-    cu_q, cu_k = src[0].int(), src[1].int()
-    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-    if not max_q or not max_k:  # one read of both longest runs
-        max_q, max_k = torch.stack([(cu_q[1:] - cu_q[:-1]).max(),
-                                    (cu_k[1:] - cu_k[:-1]).max()]).tolist()
-    packing = (cu_q, cu_k, int(max_q), int(max_k))
+    packing = _packing_of(kwargs)
     if len(_packings) >= 8:
         _packings.clear()
     _packings[key] = (src, layer, packing)
