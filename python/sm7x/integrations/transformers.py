@@ -200,25 +200,41 @@ def _masked(q, k, v, mask, opts, layer):
     return _unpadded(q, k, v, mask, lens, opts, unpads)
 
 
+def _per_forward(cache: dict, tensors: tuple, layer: int | None, work):
+    """work(), done at a forward's first layer and reused by its later ones. A model passes
+    the same tensors (a mask, cu_seq_lens) to the layers of a forward in order: a call from
+    a layer not after the last one seen starts a new forward and works again, so tensors
+    changed in place between forwards are never read stale (version counters do not exist
+    for inference tensors)."""
+    key = tuple(id(t) for t in tensors)
+    hit = cache.get(key)
+    if (hit is not None and all(a is b for a, b in zip(hit[0], tensors)) and layer is not None
+            and hit[1] is not None and layer > hit[1]):
+        cache[key] = (tensors, layer, hit[2])
+        return hit[2]
+    result = work()
+    if len(cache) >= 8:  # the current forward's (one per layer type) suffice
+        cache.clear()
+    cache[key] = (tensors, layer, result)
+    return result
+
+
 _layouts: dict = {}
 
 
 @torch.compiler.disable  # host bookkeeping: never traced (compiled training with a mask)
 def _mask_layout(mask, layer: int | None):
     """(bool mask, keys per row, left padding per row, left padded?, all ones?, the unpadding
-    of each query length, filled by _unpadded) of a padding mask. One host sync decides the
-    path: a mask of ones (a static cache's written slots) needs no mask; left padding (each
-    row's keys one run that ends at L, what generate pads) is read in place; anything else
-    is unpadded like transformers' flash path.
-    A model passes one mask tensor to the layers of a forward in order: the analysis made
-    at the first layer serves the later ones (a call from a layer not after the last one
-    seen starts a new forward and analyses again, so a mask changed in place between
-    forwards is never read stale; version counters do not exist for inference tensors)."""
-    hit = _layouts.get(id(mask))
-    if (hit is not None and hit[0] is mask and layer is not None and hit[1] is not None
-            and layer > hit[1]):
-        _layouts[id(mask)] = (mask, layer, hit[2])
-        return hit[2]
+    of each query length, filled by _unpadded) of a padding mask, once per forward
+    (_per_forward). One host sync decides the path: a mask of ones (a static cache's written
+    slots) needs no mask; left padding (each row's keys one run that ends at L, what
+    generate pads) is read in place; anything else is unpadded like transformers' flash
+    path."""
+    return _per_forward(_layouts, (mask,), layer, lambda: _analyse(mask))
+
+
+def _analyse(mask):
+    """_mask_layout's analysis of a mask (one host sync)."""
     b = mask.bool()
     length = b.shape[1]
     lens = b.sum(-1, dtype=torch.int32)
@@ -226,11 +242,7 @@ def _mask_layout(mask, layer: int | None):
     left_ok, ones = torch.stack([
         (b == (torch.arange(length, device=b.device) >= leftpad[:, None])).all(),
         b.all()]).tolist()
-    layout = (b, lens, leftpad, left_ok, ones, {})
-    if len(_layouts) >= 8:  # the masks of the current forward (one per layer type) suffice
-        _layouts.clear()
-    _layouts[id(mask)] = (mask, layer, layout)
-    return layout
+    return (b, lens, leftpad, left_ok, ones, {})
 
 
 _PLAN_KEYS = 256  # a decode plan serves the cache lengths up to the next multiple
@@ -281,14 +293,14 @@ def _unpadding(mask, lens, sq: int):
     keep_k = mask.reshape(-1).nonzero().squeeze(1)
     cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
     if sq == length:
-        keep_q, cu_q, qmask = keep_k, cu_k, mask
+        keep_q, cu_q, qlens = keep_k, cu_k, lens
     else:  # the queries are the last sq positions
         qmask = mask[:, -sq:] if sq > 1 else torch.ones(batch, 1, dtype=torch.bool,
                                                          device=mask.device)
         keep_q = qmask.reshape(-1).nonzero().squeeze(1)
-        cu_q = torch.nn.functional.pad(
-            qmask.sum(-1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
-    max_q, max_k = torch.stack([qmask.sum(-1, dtype=torch.int32).max(), lens.max()]).tolist()
+        qlens = qmask.sum(-1, dtype=torch.int32)
+        cu_q = torch.nn.functional.pad(qlens.cumsum(0, dtype=torch.int32), (1, 0))
+    max_q, max_k = torch.stack([qlens.max(), lens.max()]).tolist()
     return keep_q, keep_k, cu_q, cu_k, max_q, max_k
 
 
@@ -319,22 +331,11 @@ _packings: dict = {}
 
 
 def _packing(kwargs, layer: int | None):
-    """_packing_of, worked out at an eager forward's first layer and reused by the later ones
-    (the same rule as _mask_layout): int64 cu_seq_lens would otherwise become new int32
-    tensors at every layer, each checked again by sm7x.fa2 (a host sync), and missing
-    max_length_q/k would be read back per layer."""
-    src = (kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"])
-    key = (id(src[0]), id(src[1]))
-    hit = _packings.get(key)
-    if (hit is not None and hit[0][0] is src[0] and hit[0][1] is src[1] and layer is not None
-            and hit[1] is not None and layer > hit[1]):
-        _packings[key] = (src, layer, hit[2])
-        return hit[2]
-    packing = _packing_of(kwargs)
-    if len(_packings) >= 8:
-        _packings.clear()
-    _packings[key] = (src, layer, packing)
-    return packing
+    """_packing_of, once per eager forward (_per_forward): int64 cu_seq_lens would otherwise
+    become new int32 tensors at every layer, each checked again by sm7x.fa2 (a host sync),
+    and missing max_length_q/k would be read back per layer."""
+    return _per_forward(_packings, (kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]), layer,
+                        lambda: _packing_of(kwargs))
 
 
 # ---------------------------------------------------------------------------------------
