@@ -413,6 +413,22 @@ def test_custom_4d_mask_is_refused(fake):
             ours(input_ids=ids, attention_mask=mask4)
 
 
+@pytest.mark.parametrize("bad, got", [({"cu_seq_lens_k": None}, "got nothing as cu_seq_lens_k"),
+                                      ({"cu_seq_lens_q": [0, 4, 9]}, "got a list as cu_seq_lens_q"),
+                                      ({"cu_seq_lens_k": torch.tensor([[0, 9]])},
+                                       "got a 2-D tensor as cu_seq_lens_k")])
+def test_padding_free_batch_with_bad_cu_seq_lens_is_refused(fake, bad, got):
+    """A hand-built padding-free batch with one cu_seq_lens missing or not a 1-D tensor gets
+    a message naming it, not a KeyError or AttributeError from inside the integration."""
+    q, k, v = (torch.zeros(1, 9, 2, 16, dtype=torch.float16) for _ in range(3))
+    kwargs = {"cu_seq_lens_q": torch.tensor([0, 4, 9]), "cu_seq_lens_k": torch.tensor([0, 4, 9])}
+    kwargs.update(bad)
+    opts = dict(softmax_scale=0.25, causal=True, window_size=(-1, -1), softcap=0.0)
+    with pytest.raises(ValueError, match=got + r".*1-D integer tensors"):
+        tf_sm7x._packed(q, k, v, {k_: v_ for k_, v_ in kwargs.items() if v_ is not None},
+                        opts, 0)
+
+
 # ---------------------------------------------------------------------------------------
 # training: the forward's calls are differentiable
 

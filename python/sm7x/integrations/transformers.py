@@ -307,6 +307,14 @@ def _unpadding(mask, lens, sq: int):
 def _packed(q, k, v, kwargs, opts, layer):
     """Padding-free batches (DataCollatorWithFlattening): sequences concatenated in one row,
     bounded by cu_seq_lens_q/k."""
+    for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        cu = kwargs.get(name)
+        if not isinstance(cu, torch.Tensor) or cu.dim() != 1:
+            got = (f"a {cu.dim()}-D tensor" if isinstance(cu, torch.Tensor)
+                   else "nothing" if cu is None else f"a {type(cu).__name__}")
+            _refuse(f"got {got} as {name} for a padding-free batch",
+                    "pass both cu_seq_lens_q and cu_seq_lens_k as 1-D integer tensors "
+                    "[sequences + 1] (what DataCollatorWithFlattening builds)")
     # a compiled forward traces the packing (no host cache in the graph)
     cu_q, cu_k, max_q, max_k = (_packing_of(kwargs) if torch.compiler.is_compiling()
                                 else _packing(kwargs, layer))
