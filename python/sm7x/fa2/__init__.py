@@ -226,7 +226,7 @@ def _prepare(fn: str, q, k, v, out=None):
                              f"{out.device}")
         _check_out_alias(fn, out, q=q, k=k, v=v)
         return ops, q, k, v, out
-    return ops, q, k, v, torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return ops, q, k, v, _fresh(q)
 
 
 def _check_options(fn: str, softmax_scale, hd: int, causal, window_size, softcap):
@@ -289,6 +289,14 @@ def _rows_aligned(t: torch.Tensor, elems: int, data_bytes: int) -> bool:
         s % elems == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n > 1)
 
 
+def _fresh(t: torch.Tensor, dtype=None) -> torch.Tensor:
+    """A new contiguous tensor of t's shape (t's dtype unless given) on t's device: what the
+    kernels write (outputs, gradients, scratch). torch.empty(shape, dtype=, device=) costs
+    about 1 µs more host time per call (its device argument); a training step allocates
+    seven (host_step: MEASUREMENTS.md, "Host time of an eager training step")."""
+    return torch.empty_like(t, dtype=dtype, memory_format=torch.contiguous_format)
+
+
 def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
     """The kernels read 16-byte chunks: last dim contiguous, other strides multiples of 8.
     (A contiguous tensor whose last dim is a multiple of 8 has them: checked first, as the
@@ -331,7 +339,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     else _autograd.call(_sinks.ATTN, q, k, v, sinks, *opts))
         return (out, lse, None) if return_attn_probs else out
     ops, q, k, v, out = _prepare(fn, q, k, v)
-    lse = torch.empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32, device=q.device)
+    lse = q.new_empty((q.shape[0], heads, q.shape[1]), dtype=torch.float32)
     if q.shape[0] == k.shape[0] and _few_rows(q.shape[1], heads, kv_heads, hd, k.shape[1]):
         _serving_module().dense(fn, ops, q, k, v, out, lse, scale, causal, left, right, softcap,
                                 sinks)
@@ -479,7 +487,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
     _check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     ops, q, k, v, out = _prepare(fn, q, k, v, out)
-    lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)
+    lse = q.new_empty((heads, q.shape[0]), dtype=torch.float32)
     if _few_rows(max_seqlen_q, heads, kv_heads, hd, max_seqlen_k):
         _serving_module().dense_varlen(fn, ops, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, scale, causal, left, right,

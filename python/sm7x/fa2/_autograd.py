@@ -90,8 +90,8 @@ def _dq_accum(ops, q: Tensor, deterministic: bool) -> Tensor:
     or a head dim whose kernel entry says dq_pass (``bwd_uses_dq_accum`` false). A library
     built before that op refuses an empty one, so it always gets q's shape."""
     if hasattr(ops, "bwd_uses_dq_accum") and (deterministic or not _uses_accum(ops, q.shape[-1])):
-        return torch.empty(0, dtype=torch.float32, device=q.device)
-    return torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        return q.new_empty(0, dtype=torch.float32)
+    return _fa2._fresh(q, dtype=torch.float32)
 
 
 def _uses_accum(ops, head_dim: int) -> bool:
@@ -140,9 +140,8 @@ def fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, sink
     """The library's fwd into new out / lse (with sinks: float32 [H], in the kernel)."""
     ops = _fa2._ops_for(q)
     q, k, v = _layout(q, k, v)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
-                      device=q.device)
+    out = _fa2._fresh(q)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     ops.fwd(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
             sinks=sinks)
     return out, lse
@@ -166,9 +165,9 @@ def _attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         return _math_backward_batched(dout, q, k, v, out, lse, softmax_scale, causal,
                                       window_left, window_right, softcap)
     dout, q, k, v, out = _layout(dout, q, k, v, out)
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = _fa2._fresh(q), _fa2._fresh(k), _fa2._fresh(v)
     dq_accum = _dq_accum(ops, q, deterministic)
-    dsum = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    dsum = _fa2._fresh(lse)
     ops.bwd(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, dq_accum, dsum, softmax_scale,
             causal, window_left, window_right, softcap, deterministic)
     return dq, dk, dv
@@ -226,8 +225,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     _fa2._check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     ops = _fa2._ops_for(q)
     q, k, v = _layout(q, k, v)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    out = _fa2._fresh(q)
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     ops.fwd_varlen(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                    max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                    window_right, softcap, sinks=sinks)
@@ -255,9 +254,9 @@ def _attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
         return _math_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                      softmax_scale, causal, window_left, window_right, softcap)
     dout, q, k, v, out = _layout(dout, q, k, v, out)
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = _fa2._fresh(q), _fa2._fresh(k), _fa2._fresh(v)
     dq_accum = _dq_accum(ops, q, deterministic)
-    dsum = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    dsum = _fa2._fresh(lse)
     ops.bwd_varlen(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, dq_accum, dsum,
                    cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q,
                    max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,

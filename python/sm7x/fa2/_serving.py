@@ -32,7 +32,8 @@ from .. import _args
 from .._planner import sched_module
 from .. import fa2 as _fa2
 from . import (_check_half, _check_heads, _check_max_seqlens, _check_option_values,
-               _check_options, _check_out_alias, _check_tensor, _kernel_layout, _rows_aligned)
+               _check_options, _check_out_alias, _check_tensor, _fresh, _kernel_layout,
+               _rows_aligned)
 
 # Splits per sequence at most: enough for one sequence of 8 kv heads to fill a wave of the
 # 8-bit decode kernels on a 132-SM GPU (12 resident CTAs per SM: 198 splits).
@@ -521,10 +522,10 @@ def varlen_paged(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         softcap)
     q = _kernel_layout(q)
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = _fresh(q)
     else:
         _cache_layout(fn, "out", out)
-    lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)
+    lse = q.new_empty((heads, q.shape[0]), dtype=torch.float32)
     _run(fn, ops, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
          cu_seqlens_k=cu_seqlens_k if seqused_k is None else None, block_table=block_table,
          cache_batch_idx=None, leftpad=None, batch=batch, max_seqlen_q=max_seqlen_q,
@@ -683,8 +684,8 @@ def with_kvcache(fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
             _append(kc, vc, k, v, positions[:, :seqlen_new], capacity, block_table,
                     cache_batch_idx)
     q = _kernel_layout(q)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, sq), dtype=torch.float32, device=q.device)
+    out = _fresh(q)
+    lse = q.new_empty((batch, heads, sq), dtype=torch.float32)
     _run(fn, ops, q, k_cache, v_cache, out, lse, cu_seqlens_q=None, seqused_k=cache_seqlens,
          cu_seqlens_k=None, block_table=block_table, cache_batch_idx=cache_batch_idx,
          leftpad=cache_leftpad, batch=batch, max_seqlen_q=sq, seqlen_k_bound=capacity,
