@@ -182,6 +182,33 @@ def test_unpadded_batch(kind):
     _compare(f"{kind} batch of 3 x 48, no padding", ref, ours)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bounds", ["cu_seq_lens", "position_ids"])
+def test_packed_row(kind, bounds):
+    """A padding-free row (DataCollatorWithFlattening: sequences of 37, 100, 5 and 70 tokens
+    in one row, positions restarting per sequence; with cu_seq_lens, or position_ids alone,
+    its default): logits within LOGIT_TOL of each sequence run alone under the reference."""
+    model, ref_impl = _model(kind)
+    prompts = [torch.tensor(p, device="cuda") for p in _prompts(PROMPTS)]
+    row = torch.cat(prompts)[None]
+    pos = torch.cat([torch.arange(len(p), device="cuda") for p in prompts])[None]
+    kw = {}
+    if bounds == "cu_seq_lens":
+        cu = torch.tensor([0, *torch.tensor(PROMPTS).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")
+        kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(PROMPTS),
+                  max_length_k=max(PROMPTS))
+    with torch.no_grad():
+        model.set_attn_implementation(ref_impl)
+        want = torch.cat([model(input_ids=p[None], use_cache=False).logits[0] for p in prompts])
+        model.set_attn_implementation(sm7x_tf.NAME)
+        got = model(input_ids=row, position_ids=pos, use_cache=False, **kw).logits[0]
+    err = (want.float() - got.float()).abs().max().item()
+    print(f"\n{kind} packed row {list(PROMPTS)}, bounds from {bounds}: max |logit diff| "
+          f"{err:.2e}")
+    assert err < LOGIT_TOL, err
+
+
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_static_cache_generate_compiled_fullgraph(mode, padded):

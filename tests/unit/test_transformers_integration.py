@@ -360,6 +360,58 @@ def test_packed_padding_free_batch(fake):
 
 
 @pytest.mark.parametrize("kind", ["llama", "gptoss"])  # gpt-oss: sinks, sliding layers
+def test_packed_by_position_ids_alone(fake, monkeypatch, kind):
+    """DataCollatorWithFlattening's default row (position_ids, no cu_seq_lens; sequences of
+    5, 9 and 2 tokens): each sequence attends to itself only, as eager attention over each
+    alone, and the bounds are read once per forward. Before, the row was one sequence."""
+    ref, ours = _twin(kind)
+    lens = [5, 9, 2]
+    ids, _ = _batch(lens)
+    rows = [ids[i, ids.shape[1] - n:] for i, n in enumerate(lens)]
+    reads = []
+    real = tf_sm7x._packing_of_positions
+    monkeypatch.setattr(tf_sm7x, "_packing_of_positions", lambda p: reads.append(1) or real(p))
+    with torch.no_grad():
+        want = torch.cat([ref(input_ids=r[None]).logits[0] for r in rows])
+        got = ours(input_ids=torch.cat(rows)[None],
+                   position_ids=torch.cat([torch.arange(n) for n in lens])[None]).logits[0]
+        one = ours(input_ids=rows[1][None], position_ids=torch.arange(9)[None]).logits[0]
+    assert (want.float() - got.float()).abs().max().item() < 2e-2
+    assert (want[5:14].float() - one.float()).abs().max().item() < 2e-2
+    assert "varlen" in fake.calls and fake.calls[-1] == "func"  # one sequence: dense
+    assert len(reads) == 2, reads  # once per forward, not per layer
+
+
+def test_packed_by_position_ids_alone_compiled(fake):
+    """The same row under torch.compile: the bounds' host read is a graph break (as in
+    transformers' flash path), and the sequences still attend to themselves only."""
+    ref, ours = _twin("llama")
+    lens = [5, 9, 2]
+    ids, _ = _batch(lens)
+    rows = [ids[i, ids.shape[1] - n:] for i, n in enumerate(lens)]
+    torch._dynamo.reset()
+    ours.forward = torch.compile(ours.forward, backend="aot_eager")
+    with torch.no_grad():
+        want = torch.cat([ref(input_ids=r[None]).logits[0] for r in rows])
+        got = ours(input_ids=torch.cat(rows)[None],
+                   position_ids=torch.cat([torch.arange(n) for n in lens])[None]).logits[0]
+    assert (want.float() - got.float()).abs().max().item() < 2e-2
+    assert "varlen" in fake.calls
+
+
+def test_packed_position_ids_that_do_not_start_a_sequence_are_refused():
+    """A row whose first token is not at the smallest position has tokens before its first
+    sequence start: no bounds fit it."""
+    pos = torch.tensor([[3, 4, 0, 1, 2]])
+    with pytest.raises(ValueError, match=r"first restart is at token 2.*cu_seq_lens_q/k"):
+        tf_sm7x._packing_of_positions(pos)
+    cu, cu_k, longest, longest_k = tf_sm7x._packing_of_positions(torch.tensor([[0, 1, 0, 1, 2]]))
+    assert cu.tolist() == [0, 2, 5] and cu.dtype == torch.int32 and cu_k is cu
+    assert longest == longest_k == 3
+    assert tf_sm7x._packing_of_positions(torch.tensor([[4, 5, 6]])) is None
+
+
+@pytest.mark.parametrize("kind", ["llama", "gptoss"])  # gpt-oss: sinks, sliding layers
 def test_continuous_batching_paged_matches_generate(fake, kind):
     ref, ours = _twin(kind)
     prompts = [[5, 9, 3, 7, 2, 11, 4, 8, 1, 6][:n] for n in (10, 4, 7)]
@@ -466,17 +518,19 @@ def test_training_gradients_match_eager(fake, kind, side):
     assert fake.calls[0] == ("func" if side == "none" else "varlen"), fake.calls
 
 
-@pytest.mark.parametrize("side", ["none", "right", "packed"])
+@pytest.mark.parametrize("side", ["none", "right", "packed", "packed_positions"])
 def test_training_runs_sm7x_backward(monkeypatch, side):
     """The real sm7x.fa2 API (its autograd ops) on a CPU stand-in library: training calls
-    the library's bwd / bwd_varlen, and the gradients match eager attention's."""
+    the library's bwd / bwd_varlen, and the gradients match eager attention's. Packed:
+    DataCollatorWithFlattening's row with cu_seq_lens, or with position_ids alone (its
+    default), where the sequences' bounds come from the restarts of the positions."""
     import fa2_cpu_ops
 
     fa2_cpu_ops.use(monkeypatch)
     monkeypatch.setattr(tf_sm7x, "_layouts", {})
     ref, ours = _twin("llama")
     ref.train(), ours.train()
-    if side == "packed":  # DataCollatorWithFlattening: one row, cu_seq_lens bound the sequences
+    if side.startswith("packed"):  # DataCollatorWithFlattening: one row of sequences
         ids, _ = _batch([5, 7])
         flat = ids.reshape(1, -1)
         pos = torch.cat([torch.arange(7), torch.arange(7)])[None]
@@ -486,14 +540,15 @@ def test_training_runs_sm7x_backward(monkeypatch, side):
         loss_a.backward()
         a = (loss_a.item(), {n: p.grad.float() for n, p in ref.named_parameters()})
         ours.zero_grad(set_to_none=True)
-        logits = ours(input_ids=flat, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
-                      max_length_q=7, max_length_k=7).logits[0].float()
+        bounds = (dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=7, max_length_k=7)
+                  if side == "packed" else {})
+        logits = ours(input_ids=flat, position_ids=pos, **bounds).logits[0].float()
         loss_b = sum(torch.nn.functional.cross_entropy(logits[i * 7:i * 7 + 6],
                                                        flat[0, i * 7 + 1:(i + 1) * 7])
                      for i in range(2))
         loss_b.backward()
         b = (loss_b.item(), {n: p.grad.float() for n, p in ours.named_parameters()})
-        _compare_grads(a, b, "packed")
+        _compare_grads(a, b, side)
         assert fa2_cpu_ops.ops("bwd_varlen") and not fa2_cpu_ops.ops("bwd")
         return
     ids, mask = _batch([10, 10] if side == "none" else [10, 6], "right")

@@ -127,7 +127,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:  # padding-free
         out = _packed(q, k, v, kwargs, opts, layer)
     elif attention_mask is None and q.shape[1] >= k.shape[1]:
-        out = fa2.flash_attn_func(q, k, v, **opts)
+        packing = _positions_packing(q, k, kwargs.get("position_ids"), layer)
+        out = (fa2.flash_attn_func(q, k, v, **opts) if packing is None
+               else _varlen_over(q, k, v, packing, opts))
     elif torch.compiler.is_compiling() and not (torch.is_grad_enabled() and q.requires_grad):
         # the host bookkeeping below (mask layout, decode plans) runs inside one custom op,
         # so a compiled forward (static-cache generate) stays one graph
@@ -316,8 +318,14 @@ def _packed(q, k, v, kwargs, opts, layer):
                     "pass both cu_seq_lens_q and cu_seq_lens_k as 1-D integer tensors "
                     "[sequences + 1] (what DataCollatorWithFlattening builds)")
     # a compiled forward traces the packing (no host cache in the graph)
-    cu_q, cu_k, max_q, max_k = (_packing_of(kwargs) if torch.compiler.is_compiling()
-                                else _packing(kwargs, layer))
+    packing = _packing_of(kwargs) if torch.compiler.is_compiling() else _packing(kwargs, layer)
+    return _varlen_over(q, k, v, packing, opts)
+
+
+def _varlen_over(q, k, v, packing, opts):
+    """The sequences of a padding-free batch [1, total, heads, head_dim] (packing: int32
+    cu_seqlens q and k, longest q and k runs) through the varlen kernels."""
+    cu_q, cu_k, max_q, max_k = packing
     out = fa2.flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
                                      v.reshape(-1, *v.shape[2:]), cu_q, cu_k, max_q, max_k,
                                      **opts)
@@ -344,6 +352,49 @@ def _packing(kwargs, layer: int | None):
     and missing max_length_q/k would be read back per layer."""
     return _per_forward(_packings, (kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]), layer,
                         lambda: _packing_of(kwargs))
+
+
+_positions: dict = {}
+
+
+def _positions_packing(q, k, position_ids, layer: int | None):
+    """A padding-free batch that only its position_ids describe (DataCollatorWithFlattening
+    without return_flash_attn_kwargs: one row, each sequence's positions restarting at the
+    smallest), as transformers' flash path reads it: its packing (_varlen_over), or None
+    for anything else (one sequence, a batch of rows, a call over a cache). Without this a
+    packed row would attend across its sequences."""
+    n = q.shape[1]
+    if (q.shape[0] != 1 or k.shape[1] != n or n < 2 or not isinstance(position_ids, torch.Tensor)
+            or tuple(position_ids.shape) != (1, n)):
+        return None
+    return _positions_layout(position_ids, layer)
+
+
+@torch.compiler.disable  # host bookkeeping: never traced (a compiled forward breaks here)
+def _positions_layout(position_ids, layer: int | None):
+    """_packing_of_positions, once per forward (_per_forward): its host read would otherwise
+    sync at every layer."""
+    return _per_forward(_positions, (position_ids,), layer,
+                        lambda: _packing_of_positions(position_ids))
+
+
+def _packing_of_positions(position_ids):
+    """(int32 cu_seqlens q and k, longest runs) from packed position_ids [1, n], or None
+    when they hold one sequence. One host read (the starts)."""
+    pos = position_ids.reshape(-1)
+    starts = (pos == pos.min()).nonzero().view(-1)
+    bounds = starts.tolist()
+    if bounds[0] != 0:
+        _refuse(f"got position_ids whose first sequence does not start at the smallest "
+                f"position (the first restart is at token {bounds[0]}) for a padding-free "
+                f"batch", "start every packed sequence at the same position, or pass "
+                "cu_seq_lens_q/k (DataCollatorWithFlattening(return_flash_attn_kwargs=True))")
+    if len(bounds) < 2:
+        return None
+    bounds.append(pos.numel())
+    cu = torch.cat([starts.to(torch.int32), starts.new_full((1,), pos.numel(), dtype=torch.int32)])
+    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    return cu, cu, longest, longest
 
 
 # ---------------------------------------------------------------------------------------
