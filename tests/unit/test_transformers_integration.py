@@ -558,6 +558,30 @@ def test_training_runs_sm7x_backward(monkeypatch, side):
     assert len(fa2_cpu_ops.ops(name)) == 2, fa2_cpu_ops.CALLS  # one per layer
 
 
+@pytest.mark.parametrize("how", ["default", "env", "torch"])
+def test_training_deterministic_as_transformers_flash_path_asks(monkeypatch, how):
+    """FLASH_ATTENTION_DETERMINISTIC=1 (transformers' enable_full_determinism() sets it;
+    its flash path reads it) or torch.use_deterministic_algorithms(True): the backward
+    calls ask the library for a fixed order of dQ sums; by default they do not."""
+    import fa2_cpu_ops
+
+    fa2_cpu_ops.use(monkeypatch)
+    monkeypatch.setattr(tf_sm7x, "_layouts", {})
+    monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC", raising=False)
+    if how == "env":
+        monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", "1")
+    elif how == "torch":  # (the flag itself, not the mode: CPU ops refuse some calls in it)
+        monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    _, ours = _twin("llama")
+    ours.train()
+    for lens in ([10, 10], [10, 6]):  # dense, then unpadded (varlen)
+        ids, mask = _batch(lens, "right")
+        _grads(ours, ids, mask, ids.masked_fill(mask == 0, -100))
+    calls = fa2_cpu_ops.ops("bwd") + fa2_cpu_ops.ops("bwd_varlen")
+    assert len(calls) == 4, fa2_cpu_ops.CALLS
+    assert all(c["deterministic"] is (how != "default") for c in calls), calls
+
+
 def test_training_fp32_weights_under_fp16_autocast(monkeypatch):
     """fp32 master weights, fp16 autocast: the fp32 q/k/v the layers hand over are cast to
     fp16 (differentiably) and the backward runs sm7x's op."""

@@ -35,6 +35,7 @@ This module imports torch, transformers and sm7x.fa2; ``import sm7x`` imports no
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -123,6 +124,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                 softcap=softcap or 0.0)
     if kwargs.get("s_aux") is not None:  # attention sinks (gpt-oss): one logit per head
         opts["s_aux"] = kwargs["s_aux"]
+    if torch.is_grad_enabled() and query.requires_grad and _deterministic(kwargs):
+        opts["deterministic"] = True  # (read by the differentiable calls only: _no_grad_opts)
     layer = getattr(module, "layer_idx", None)
     if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:  # padding-free
         out = _packed(q, k, v, kwargs, opts, layer)
@@ -142,6 +145,24 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return out, None
 
 
+def _deterministic(kwargs) -> bool:
+    """A backward with a fixed order of dQ sums, as transformers' flash path asks for it:
+    its ``deterministic`` argument, else FLASH_ATTENTION_DETERMINISTIC=1 (what
+    transformers' enable_full_determinism() sets); and under
+    torch.use_deterministic_algorithms(True)."""
+    asked = kwargs.get("deterministic")
+    if asked is not None:
+        return bool(asked)
+    return (os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
+            or torch.are_deterministic_algorithms_enabled())
+
+
+def _no_grad_opts(opts: dict) -> dict:
+    """opts for flash_attn_with_kvcache, which has no backward (it refuses inputs that
+    require grad, with a message saying which calls are differentiable)."""
+    return {k: v for k, v in opts.items() if k != "deterministic"}
+
+
 # Every device-side value these calls pass is built here (the plan by _plan, the lengths and
 # left padding from the mask by _mask_layout), so the op's device-side check of them (a
 # kernel and a stream sync per layer) is skipped for them alone; the process-wide setting
@@ -155,8 +176,8 @@ def _cached(q, k, v, mask, opts, layer):
         return _masked(q, k, v, mask, opts, layer)
     # decode / chunked prefill against the cache: split-KV, GQA rows packed per K/V tile
     # (sm7x's serving kernels); no new keys to append, transformers did that
-    return fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k), **opts,
-                                       **_OWN_VALUES)
+    return fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k),
+                                       **_no_grad_opts(opts), **_OWN_VALUES)
 
 
 # cudagraph_unsafe: the mask layout is read on the host, which a CUDA graph cannot capture;
@@ -194,11 +215,11 @@ def _masked(q, k, v, mask, opts, layer):
     if ones:
         return (fa2.flash_attn_func(q, k, v, **opts) if sq >= length
                 else fa2.flash_attn_with_kvcache(q, k, v, scheduler_metadata=_plan(q, k),
-                                                 **opts, **_OWN_VALUES))
+                                                 **_no_grad_opts(opts), **_OWN_VALUES))
     if left_ok and sq < length and opts["causal"]:
         return fa2.flash_attn_with_kvcache(q, k, v, cache_seqlens=length, cache_leftpad=leftpad,
-                                           scheduler_metadata=_plan(q, k), **opts,
-                                           **_OWN_VALUES)
+                                           scheduler_metadata=_plan(q, k),
+                                           **_no_grad_opts(opts), **_OWN_VALUES)
     return _unpadded(q, k, v, mask, lens, opts, unpads)
 
 
