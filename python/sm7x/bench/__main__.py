@@ -1,4 +1,4 @@
-"""``python -m sm7x.bench BENCHMARK [options]``; benchmarks: core, fa2, decode, generate, vllm (sm7x.bench.<name>)."""
+"""``python -m sm7x.bench BENCHMARK [options]``; benchmarks: core, fa2, decode, generate, train, vllm (sm7x.bench.<name>)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ BENCHMARKS = {
     "fa2": "sm7x FA2 forward (--backward: forward + backward) vs torch SDPA's memory-efficient backend",
     "decode": "sm7x paged decode (split-KV) vs torch SDPA flash / memory-efficient",
     "generate": "transformers generate(): TTFT and decode tokens/s, sdpa vs sm7x",
+    "train": "a transformers fine-tuning step (fwd+bwd): tokens/s and memory, sdpa vs sm7x",
     "vllm": "a real vLLM engine: throughput and TTFT, sm7x vs TRITON_ATTN / FLEX_ATTENTION",
 }
 

@@ -141,6 +141,16 @@ def time_attention_calls(torch, impls, batch: int, kv_len: int, heads: int, kv_h
     return out
 
 
+def sdpa_backends(impl: str, mode: str):
+    """The context a run of ``impl`` goes in: for the SDPA baselines under ``--sdpa turing``,
+    torch SDPA limited to the backends Volta/Turing have (memory-efficient and math)."""
+    if impl not in BASELINES or mode == "native":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def _register_no_attention(transformers) -> None:
     """``attn_implementation="no_attention"``: returns the query as the output ([batch,
     seq, heads, head_dim], a view: no kernel), so a step costs everything but attention."""
@@ -245,11 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     params = sum(p.numel() for p in model.parameters())
 
     def sdpa_ctx(impl):
-        if impl not in BASELINES or sdpa_mode == "native":
-            return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+        return sdpa_backends(impl, sdpa_mode)
 
     def timed_generate(impl, batch, prefix, new_tokens, repeats):
         model.set_attn_implementation(impl)
