@@ -151,6 +151,39 @@ def sdpa_backends(impl: str, mode: str):
     return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+def setup(bench: str, sdpa: str | None):
+    """What a transformers benchmark (generate, train) starts from, printed: (torch,
+    transformers, the sm7x integration, the GPU's capability, the SDPA backends' mode, the
+    FA2 library in use), with the baselines and the floor registered; None (said on stderr)
+    without a CUDA GPU or transformers."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"sm7x.bench {bench}: needs a CUDA GPU (torch.cuda.is_available() is False)",
+              file=sys.stderr)
+        return None
+    try:
+        import transformers
+
+        from ..integrations import transformers as sm7x_tf
+    except ImportError as exc:
+        print(f"sm7x.bench {bench}: {exc}", file=sys.stderr)
+        return None
+    from .. import _select
+
+    _register_expanded_sdpa(transformers, torch)
+    _register_no_attention(transformers)
+    cap = torch.cuda.get_device_capability()
+    sdpa_mode = sdpa or ("turing" if cap >= (8, 0) else "native")
+    sel = _select.select_fa2_library(_select.Device(torch.cuda.current_device(),
+                                                    torch.cuda.get_device_name(), tuple(cap)))
+    info = sel.arch + (" (forced)" if sel.forced else "")
+    print(f"sm7x.bench {bench} on {torch.cuda.get_device_name()} (sm{cap[0]}{cap[1]}), "
+          f"FA2 library {info}; sdpa backends: {sdpa_mode}"
+          + ("  [a GPU newer than Turing runs the forced library's PTX]" if cap > (7, 5) else ""))
+    return torch, transformers, sm7x_tf, cap, sdpa_mode, info
+
+
 def _register_no_attention(transformers) -> None:
     """``attn_implementation="no_attention"``: returns the query as the output ([batch,
     seq, heads, head_dim], a view: no kernel), so a step costs everything but attention."""
@@ -219,32 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         prefixes, batches = QUICK["prefixes"], QUICK["batches"]
         decode_tokens, decode_prefix, layers = (QUICK["decode_tokens"], QUICK["decode_prefix"],
                                                 QUICK["layers"])
-    import torch
-
-    if not torch.cuda.is_available():
-        print("sm7x.bench generate: needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)
+    env = setup("generate", args.sdpa)
+    if env is None:
         return 2
-    try:
-        import transformers
-
-        from ..integrations import transformers as sm7x_tf
-    except ImportError as exc:
-        print(f"sm7x.bench generate: {exc}", file=sys.stderr)
-        return 2
-    from .. import _select
-
-    _register_expanded_sdpa(transformers, torch)
-    _register_no_attention(transformers)
-
-    cap = torch.cuda.get_device_capability()
-    sdpa_mode = args.sdpa or ("turing" if cap >= (8, 0) else "native")
-    sel = _select.select_fa2_library(_select.Device(torch.cuda.current_device(),
-                                                    torch.cuda.get_device_name(), tuple(cap)))
-    info = sel.arch + (" (forced)" if sel.forced else "")
-    print(f"sm7x.bench generate on {torch.cuda.get_device_name()} (sm{cap[0]}{cap[1]}), "
-          f"FA2 library {info}; sdpa backends: {sdpa_mode}"
-          + ("  [a GPU newer than Turing runs the forced library's PTX]" if cap > (7, 5) else ""))
+    torch, transformers, sm7x_tf, cap, sdpa_mode, info = env
 
     cfg = transformers.LlamaConfig(**{**MODEL, "num_hidden_layers": layers},
                                    max_position_embeddings=max(prefixes + [decode_prefix]) + 1024,

@@ -41,8 +41,7 @@ import time
 
 from . import _output
 from .decode import parse_sizes
-from .generate import (BASELINES, IMPLS, MODEL, NO_ATTENTION, _register_expanded_sdpa,
-                       _register_no_attention, ratio, sdpa_backends)
+from .generate import BASELINES, IMPLS, MODEL, NO_ATTENTION, ratio, sdpa_backends, setup
 
 LAYOUTS = ("full", "padded", "packed")
 QUICK = dict(seqlens=(512,), tokens=2048, layers=4, steps=2, repeats=1)
@@ -163,31 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sm7x.bench train: {parsed}", file=sys.stderr)
         return 2
     args, seqlens, tokens, layouts = parsed
-    import torch
-
-    if not torch.cuda.is_available():
-        print("sm7x.bench train: needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)
+    env = setup("train", args.sdpa)
+    if env is None:
         return 2
-    try:
-        import transformers
-
-        from ..integrations import transformers as sm7x_tf
-    except ImportError as exc:
-        print(f"sm7x.bench train: {exc}", file=sys.stderr)
-        return 2
-    from .. import _select
-
-    _register_expanded_sdpa(transformers, torch)
-    _register_no_attention(transformers)
-    cap = torch.cuda.get_device_capability()
-    sdpa_mode = args.sdpa or ("turing" if cap >= (8, 0) else "native")
-    sel = _select.select_fa2_library(_select.Device(torch.cuda.current_device(),
-                                                    torch.cuda.get_device_name(), tuple(cap)))
-    info = sel.arch + (" (forced)" if sel.forced else "")
-    print(f"sm7x.bench train on {torch.cuda.get_device_name()} (sm{cap[0]}{cap[1]}), FA2 "
-          f"library {info}; sdpa backends: {sdpa_mode}"
-          + ("  [a GPU newer than Turing runs the forced library's PTX]" if cap > (7, 5) else ""))
+    torch, transformers, sm7x_tf, cap, sdpa_mode, info = env
     cfg = transformers.LlamaConfig(**{**MODEL, "num_hidden_layers": args.layers},
                                    max_position_embeddings=max(seqlens), attention_dropout=0.0,
                                    pad_token_id=0)

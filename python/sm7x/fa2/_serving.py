@@ -32,7 +32,7 @@ from .. import _args
 from .._planner import sched_module
 from .. import fa2 as _fa2
 from . import (_check_half, _check_heads, _check_max_seqlens, _check_option_values,
-               _check_options, _check_out_alias, _check_tensor, _fresh, _kernel_layout,
+               _check_options, _check_out_alias, _fresh, _kernel_layout,
                _rows_aligned)
 
 # Splits per sequence at most: enough for one sequence of 8 kv heads to fill a wave of the
