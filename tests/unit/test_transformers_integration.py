@@ -582,6 +582,34 @@ def test_training_deterministic_as_transformers_flash_path_asks(monkeypatch, how
     assert all(c["deterministic"] is (how != "default") for c in calls), calls
 
 
+@pytest.mark.parametrize("flash_kwargs", [False, True], ids=["position_ids", "cu_seq_lens"])
+def test_training_on_data_collator_with_flattening(monkeypatch, flash_kwargs):
+    """transformers' DataCollatorWithFlattening, as a Trainer would use it (its default row,
+    and with return_flash_attn_kwargs=True): the loss and every gradient through sm7x (the
+    real sm7x.fa2 API on the CPU stand-in library) match eager attention's over the same
+    collated row (eager reads the sequences' bounds from position_ids when no cache is
+    built: use_cache=False)."""
+    import fa2_cpu_ops
+
+    fa2_cpu_ops.use(monkeypatch)
+    ref, ours = _twin("llama")
+    ref.train(), ours.train()
+    g = torch.Generator().manual_seed(3)
+    features = [{"input_ids": torch.randint(1, 128, (n,), generator=g).tolist()}
+                for n in (6, 11, 3, 8)]
+    batch = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)(
+        features)
+    grads = []
+    for model in (ref, ours):
+        model.zero_grad(set_to_none=True)
+        loss = model(**batch, use_cache=False).loss
+        loss.backward()
+        grads.append((loss.item(), {n: p.grad.float() for n, p in model.named_parameters()
+                                    if p.grad is not None}))
+    _compare_grads(*grads, f"DataCollatorWithFlattening, flash kwargs {flash_kwargs}")
+    assert len(fa2_cpu_ops.ops("bwd_varlen")) == 2 and not fa2_cpu_ops.ops("bwd")
+
+
 def test_training_fp32_weights_under_fp16_autocast(monkeypatch):
     """fp32 master weights, fp16 autocast: the fp32 q/k/v the layers hand over are cast to
     fp16 (differentiably) and the backward runs sm7x's op."""
