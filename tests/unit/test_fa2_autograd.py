@@ -130,6 +130,17 @@ def test_deterministic_reaches_the_backward_op(lib, det):
         fa2.flash_attn_func(_leaf(q), k, v, deterministic="yes")
 
 
+def test_torch_deterministic_mode_asks_for_a_fixed_order(lib, monkeypatch):
+    """Under torch.use_deterministic_algorithms(True) (its flag: CPU ops refuse some calls
+    in the mode itself) deterministic=False still reaches the backward op as True."""
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    q, k, v, dout = _inputs()
+    fa2.flash_attn_func(_leaf(q), k, v, deterministic=False).backward(dout)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    fa2.flash_attn_varlen_func(_leaf(q[0]), k[0], v[0], cu, cu, 5, 5).backward(dout[0])
+    assert [c["deterministic"] for c in cpu.ops("bwd") + cpu.ops("bwd_varlen")] == [True, True]
+
+
 def test_dq_accum_is_fp32_like_q_every_call(lib):
     q, k, v, dout = _inputs()
     for _ in range(3):

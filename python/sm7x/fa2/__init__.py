@@ -17,7 +17,8 @@ calls with inputs that require grad run the same implementations under a
 ``torch.autograd.Function`` (less host time per call). Either saves q, k, v, out and the
 LSE (no S/P) and calls the library's backward kernels (``bwd`` / ``bwd_varlen``): dq, dk,
 dv, with dk/dv summed over each GQA group; ``deterministic=True`` asks the kernels for a
-fixed accumulation order (bit-identical gradients run to run). They trace under
+fixed accumulation order (bit-identical gradients run to run), and so does
+``torch.use_deterministic_algorithms(True)`` (flash-attn reads its argument alone). They trace under
 torch.compile (fullgraph) and recompute under torch.utils.checkpoint (reentrant or not).
 Where a library has no backward kernel for a head dim (``bwd_supported(head_dim)`` false,
 e.g. 256 on Turing), that backward runs in float32 PyTorch math instead, with a one-time
@@ -271,6 +272,13 @@ def _check_cuda(fn: str, q) -> None:
         )
 
 
+def _deterministic(fn: str, asked) -> bool:
+    """deterministic=, or torch.use_deterministic_algorithms(True): a torch user who asked
+    for reproducible runs gets a fixed dQ order without also passing the argument."""
+    return (_args.flag(f"sm7x.fa2.{fn}", "deterministic", asked)
+            or torch.are_deterministic_algorithms_enabled())
+
+
 def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
@@ -331,7 +339,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     sinks = _sink_logits(fn, s_aux, q)
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
-    deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
+    deterministic = _deterministic(fn, deterministic)
     if _differentiable(*_grad_inputs(q, k, v, s_aux)):
         _check_cuda(fn, q)
         opts = (scale, causal, left, right, softcap, deterministic)
@@ -465,7 +473,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                                     q.shape[0], k.shape[0])
     scale, causal, left, right, softcap = _check_options(fn, softmax_scale, hd, causal,
                                                          window_size, softcap)
-    deterministic = _args.flag(f"sm7x.fa2.{fn}", "deterministic", deterministic)
+    deterministic = _deterministic(fn, deterministic)
     if _differentiable(*_grad_inputs(q, k, v, s_aux)):
         if out is not None and _needs_grad(*_grad_inputs(q, k, v, s_aux)):
             raise ValueError(f"sm7x.fa2.{fn}: out= cannot be combined with inputs that require "

@@ -148,13 +148,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 def _deterministic(kwargs) -> bool:
     """A backward with a fixed order of dQ sums, as transformers' flash path asks for it:
     its ``deterministic`` argument, else FLASH_ATTENTION_DETERMINISTIC=1 (what
-    transformers' enable_full_determinism() sets); and under
-    torch.use_deterministic_algorithms(True)."""
+    transformers' enable_full_determinism() sets). (sm7x.fa2 adds
+    torch.use_deterministic_algorithms(True) itself.)"""
     asked = kwargs.get("deterministic")
     if asked is not None:
         return bool(asked)
-    return (os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
-            or torch.are_deterministic_algorithms_enabled())
+    return os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
 
 
 def _no_grad_opts(opts: dict) -> dict:
