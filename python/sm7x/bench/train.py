@@ -204,6 +204,7 @@ def run(torch, model, layouts, seqlens, tokens: int, steps: int, repeats: int,
                  "tokens": sum(lens)}
             for impl in impls:
                 model.set_attn_implementation(impl)
+                model.zero_grad(set_to_none=True)  # the last one's gradients out of the peak
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
                 try:
