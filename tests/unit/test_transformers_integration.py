@@ -359,7 +359,7 @@ def test_packed_padding_free_batch(fake):
     assert "varlen" in fake.calls
 
 
-@pytest.mark.parametrize("kind", ["llama", "gptoss"])  # gpt-oss: sinks, sliding layers
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2", "gemma3", "gemma4", "gptoss"])
 def test_packed_by_position_ids_alone(fake, monkeypatch, kind):
     """DataCollatorWithFlattening's default row (position_ids, no cu_seq_lens; sequences of
     5, 9 and 2 tokens): each sequence attends to itself only, as eager attention over each
