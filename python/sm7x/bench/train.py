@@ -133,7 +133,7 @@ def _parser():
                    help="SDPA backends: those of Volta/Turing (default on newer GPUs) or "
                         "torch's choice")
     p.add_argument("--quick", action="store_true",
-                   help="512 tokens x 4 sequences, full layout, on a 4-layer model (a smoke run)")
+                   help="4 sequences of 512 tokens, full layout, on a 4-layer model (a smoke run)")
     return p
 
 
