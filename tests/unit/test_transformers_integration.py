@@ -359,22 +359,29 @@ def test_packed_padding_free_batch(fake):
     assert "varlen" in fake.calls
 
 
+def _positions_row(ref, ours, lens=(5, 9, 2)):
+    """(the sequences, ref's logits over each alone, ours' over them packed in one row that
+    only position_ids bound: DataCollatorWithFlattening's default)."""
+    ids, _ = _batch(list(lens))
+    rows = [ids[i, ids.shape[1] - n:] for i, n in enumerate(lens)]
+    with torch.no_grad():
+        want = torch.cat([ref(input_ids=r[None]).logits[0] for r in rows])
+        got = ours(input_ids=torch.cat(rows)[None],
+                   position_ids=torch.cat([torch.arange(n) for n in lens])[None]).logits[0]
+    return rows, want, got
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2", "gemma3", "gemma4", "gptoss"])
 def test_packed_by_position_ids_alone(fake, monkeypatch, kind):
     """DataCollatorWithFlattening's default row (position_ids, no cu_seq_lens; sequences of
     5, 9 and 2 tokens): each sequence attends to itself only, as eager attention over each
     alone, and the bounds are read once per forward. Before, the row was one sequence."""
     ref, ours = _twin(kind)
-    lens = [5, 9, 2]
-    ids, _ = _batch(lens)
-    rows = [ids[i, ids.shape[1] - n:] for i, n in enumerate(lens)]
     reads = []
     real = tf_sm7x._packing_of_positions
     monkeypatch.setattr(tf_sm7x, "_packing_of_positions", lambda p: reads.append(1) or real(p))
+    rows, want, got = _positions_row(ref, ours)
     with torch.no_grad():
-        want = torch.cat([ref(input_ids=r[None]).logits[0] for r in rows])
-        got = ours(input_ids=torch.cat(rows)[None],
-                   position_ids=torch.cat([torch.arange(n) for n in lens])[None]).logits[0]
         one = ours(input_ids=rows[1][None], position_ids=torch.arange(9)[None]).logits[0]
     assert (want.float() - got.float()).abs().max().item() < 2e-2
     assert (want[5:14].float() - one.float()).abs().max().item() < 2e-2
@@ -386,15 +393,9 @@ def test_packed_by_position_ids_alone_compiled(fake):
     """The same row under torch.compile: the bounds' host read is a graph break (as in
     transformers' flash path), and the sequences still attend to themselves only."""
     ref, ours = _twin("llama")
-    lens = [5, 9, 2]
-    ids, _ = _batch(lens)
-    rows = [ids[i, ids.shape[1] - n:] for i, n in enumerate(lens)]
     torch._dynamo.reset()
     ours.forward = torch.compile(ours.forward, backend="aot_eager")
-    with torch.no_grad():
-        want = torch.cat([ref(input_ids=r[None]).logits[0] for r in rows])
-        got = ours(input_ids=torch.cat(rows)[None],
-                   position_ids=torch.cat([torch.arange(n) for n in lens])[None]).logits[0]
+    _, want, got = _positions_row(ref, ours)
     assert (want.float() - got.float()).abs().max().item() < 2e-2
     assert "varlen" in fake.calls
 

@@ -218,6 +218,13 @@ def _register_expanded_sdpa(transformers, torch) -> None:
     AttentionMaskInterface.register("sdpa_expanded", sdpa_mask)
 
 
+def add_sdpa_argument(p) -> None:
+    """--sdpa, read by setup(): the SDPA baselines' backends."""
+    p.add_argument("--sdpa", choices=("turing", "native"), default=None,
+                   help="SDPA backends: those of Volta/Turing (default on newer GPUs) or "
+                        "torch's choice")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _output.argument_parser("generate", __doc__.split("\n\n")[0],
                                 plot="a PNG of TTFT and decode rates")
@@ -227,9 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-prefix", default="13k", help="prompt length before decoding")
     p.add_argument("--layers", type=int, default=MODEL["num_hidden_layers"])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--sdpa", choices=("turing", "native"), default=None,
-                   help="SDPA backends: those of Volta/Turing (default on newer GPUs) or "
-                        "torch's choice")
+    add_sdpa_argument(p)
     p.add_argument("--quick", action="store_true",
                    help="one short shape on a 4-layer model (a smoke run)")
     return p

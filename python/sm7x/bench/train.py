@@ -41,7 +41,8 @@ import time
 
 from . import _output
 from .decode import parse_sizes
-from .generate import BASELINES, IMPLS, MODEL, NO_ATTENTION, ratio, sdpa_backends, setup
+from .generate import (BASELINES, IMPLS, MODEL, NO_ATTENTION, add_sdpa_argument, ratio,
+                       sdpa_backends, setup)
 
 LAYOUTS = ("full", "padded", "packed")
 QUICK = dict(seqlens=(512,), tokens=2048, layers=4, steps=2, repeats=1)
@@ -129,9 +130,7 @@ def _parser():
     p.add_argument("--layers", type=int, default=MODEL["num_hidden_layers"])
     p.add_argument("--steps", type=int, default=5, help="steps between two syncs")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--sdpa", choices=("turing", "native"), default=None,
-                   help="SDPA backends: those of Volta/Turing (default on newer GPUs) or "
-                        "torch's choice")
+    add_sdpa_argument(p)
     p.add_argument("--quick", action="store_true",
                    help="4 sequences of 512 tokens, full layout, on a 4-layer model (a smoke run)")
     return p
@@ -218,7 +217,6 @@ def run(torch, model, layouts, seqlens, tokens: int, steps: int, repeats: int,
                 r[f"{impl}_tok_s"] = r["tokens"] / t
                 if cuda:
                     r[f"{impl}_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
-            model.zero_grad(set_to_none=True)
             r.update(account(r))
             rows.append(r)
             print(_line(r, impls), flush=True)
